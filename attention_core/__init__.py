@@ -7,7 +7,7 @@ Public API
     chunk_ffn(module, chunks=0), ChunkedFFN      exact token-chunked feed-forward
 Importing this package changes nothing global.
 """
-from .detect import DeviceReport, detect
+from .detection import DeviceReport, detect
 from .ffn import ChunkedFFN, chunk_ffn, unchunk_ffn
 from .memory import AttentionMemoryError
 from .patch import disable, enable, is_enabled, patched

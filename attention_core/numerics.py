@@ -67,7 +67,7 @@ def choose_numerics(dtype: torch.dtype, device: torch.device, precision: str = "
 
 
 def _bf16_hardware(device: torch.device) -> bool:
-    from .detect import bf16_hardware  # local: detect imports torch backends lazily
+    from .detection import bf16_hardware  # local: detect imports torch backends lazily
     return bf16_hardware(device)
 
 
@@ -100,7 +100,7 @@ def flush_to_zero_(shifted_scores: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.threshold_(shifted_scores, FTZ_THRESHOLD, float("-inf"))
 
 
-_M1 = 0x5851F42D4C957F2D - (1 << 64)  # odd 64-bit constants (PCG / splitmix), as signed int64
+_M1 = 0x5851F42D4C957F2D  # odd 64-bit multipliers (PCG, splitmix64), as signed int64
 _M2 = -0x40A7B892E31B1A47  # == 0xBF58476D1CE4E5B9 as signed int64
 _MASK53 = (1 << 53) - 1
 

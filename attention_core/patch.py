@@ -31,7 +31,7 @@ def _servable(q, k, v) -> bool:
 def _wants_engine(device: torch.device) -> bool:
     if _force:
         return True
-    from .detect import needs_tiled
+    from .detection import needs_tiled
     return needs_tiled(device)
 
 

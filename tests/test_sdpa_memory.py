@@ -1,0 +1,124 @@
+"""Tier choice from a memory budget, out-of-memory retries (injected) with exact results, and the final error."""
+import logging
+
+import pytest
+import torch
+
+import attention_core.sdpa as sdpa_mod
+from attention_core import AttentionMemoryError
+from attention_core import scaled_dot_product_attention as sdpa
+from attention_core.memory import free_memory, plan_forward, tile_budget
+from attention_core.numerics import choose_numerics
+from attention_core.problem import normalize
+from attention_core.tiers import TIERS
+from reference import reference
+
+
+def qkv(n=64, h=4, e=16):
+    torch.manual_seed(10)
+    return torch.randn(1, h, n, e), torch.randn(1, h, n, e), torch.randn(1, h, n, e)
+
+
+@pytest.fixture
+def spy_tiers(monkeypatch):
+    """Record (tier, block_q, block_kv) of every tier call; `fail` maps a tier to how many calls raise OOM."""
+    calls, fail = [], {}
+
+    def wrap(name, fn):
+        def run(src, bq, bk, need_stats):
+            calls.append((name, bq, bk))
+            if fail.get(name, 0) != 0:
+                fail[name] -= 1
+                raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {bq} rows (injected)")
+            return fn(src, bq, bk, need_stats)
+        return run
+    for name, fn in list(TIERS.items()):
+        monkeypatch.setitem(TIERS, name, wrap(name, fn))
+    return calls, fail
+
+
+def test_auto_picks_tier_by_budget(spy_tiers):
+    calls, _ = spy_tiers
+    q, k, v = qkv(n=256)
+    ref = reference(q, k, v)
+    row = 4 * 256  # score elements per query position
+    # fp32: chunked holds 8 bytes a score, inplace 4; each needs 16 query rows at least
+    for budget, tier in [(1 << 30, "chunked"), (row * 8 * 16, "chunked"), (row * 8 * 10, "inplace"),
+                         (row * 4 * 8, "online")]:
+        calls.clear()
+        out = sdpa(q, k, v, memory_budget=budget)
+        assert calls[-1][0] == tier, (budget, calls)
+        assert (out.double() - ref).abs().max() < 1e-5
+
+
+def test_oom_retries_smaller_tiles_then_next_tier(spy_tiers, caplog):
+    calls, fail = spy_tiers
+    q, k, v = qkv()
+    ref = reference(q, k, v)
+    fail["chunked"] = 2
+    out = sdpa(q, k, v, tier="chunked", block_q=64)
+    assert [c[:2] for c in calls] == [("chunked", 64), ("chunked", 32), ("chunked", 16)]
+    assert (out.double() - ref).abs().max() < 1e-5
+    calls.clear()
+    fail["chunked"] = -1  # always
+    with caplog.at_level(logging.INFO):
+        out = sdpa(q, k, v, tier="chunked", block_q=32)
+    assert [c[0] for c in calls] == ["chunked", "chunked", "inplace"]
+    assert (out.double() - ref).abs().max() < 1e-5
+    assert "next tier" in caplog.text
+
+
+def test_oom_everywhere_raises_a_message_that_names_the_problem(spy_tiers):
+    _, fail = spy_tiers
+    fail.update(chunked=-1, inplace=-1, online=-1)
+    q, k, v = qkv()
+    with pytest.raises(AttentionMemoryError) as e:
+        sdpa(q, k, v, memory_budget=1 << 20)
+    msg = str(e.value)
+    assert "64" in msg and "float32" in msg and "1 MB" in msg and "memory_budget" in msg
+
+
+def test_other_errors_are_not_swallowed(monkeypatch):
+    def boom(*a):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    monkeypatch.setitem(TIERS, "chunked", boom)
+    q, k, v = qkv()
+    with pytest.raises(RuntimeError, match="illegal"):
+        sdpa(q, k, v, tier="chunked")
+
+
+def test_backward_retries_on_oom(monkeypatch):
+    import attention_core.autograd as ag
+    real, count = ag._backward, {"n": 0}
+
+    def flaky(src, out, lse, rowmax, dout, bq, bk, need_dmask):
+        count["n"] += 1
+        if count["n"] == 1:
+            raise torch.OutOfMemoryError("out of memory (injected)")
+        return real(src, out, lse, rowmax, dout, bq, bk, need_dmask)
+    monkeypatch.setattr(ag, "_backward", flaky)
+    q, k, v = (t.double().requires_grad_() for t in qkv(n=40))
+    sdpa(q, k, v, block_q=32).sum().backward()
+    q2, k2, v2 = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    torch.nn.functional.scaled_dot_product_attention(q2, k2, v2).sum().backward()
+    assert count["n"] == 2 and torch.allclose(q.grad, q2.grad) and torch.allclose(v.grad, v2.grad)
+
+
+def test_plans_fit_the_budget():
+    q, k, v = qkv(n=4096, h=16, e=64)
+    p = normalize(q, k, v)
+    num = choose_numerics(p.dtype, p.device)
+    budget = 64 << 20
+    for tier in ("chunked", "inplace"):
+        plan = plan_forward(p, num, tier, budget)
+        assert plan.block_q * 16 * 4096 * 4 <= budget
+    plan = plan_forward(p, num, "online", 1 << 20)
+    assert plan is not None and plan.block_q * plan.block_kv * 16 <= (1 << 20)
+    assert plan_forward(p, num, "chunked", 1 << 20) is None
+
+
+def test_free_memory_on_cpu_and_explicit_budget():
+    assert free_memory(torch.device("cpu")) > 0
+    assert tile_budget(torch.device("cpu"), 12345) == 12345
+    with pytest.raises(ValueError):
+        tile_budget(torch.device("cpu"), 0)
