@@ -1,0 +1,183 @@
+"""The one place that knows ComfyUI's attention-override calling conventions (0.3.60 to today).
+
+ComfyUI's `wrap_attn` calls `transformer_options["optimized_attention_override"](func, *args, **kwargs)` where
+`func` is the backend the model would have run and args/kwargs are exactly what the call site passed:
+    (q, k, v, heads, mask=None, attn_precision=None, skip_reshape=False, skip_output_reshape=False, **kwargs)
+q/k/v are [B, N, H*D], or [B, H, N, D] with skip_reshape; the result is [B, N, H*D], or [B, H, N, D] with
+skip_output_reshape. Newer versions add `scale`, `enable_gqa`, `low_precision_attention`, `preferred_attention`
+and wrap q/k/v in `AttentionTensorContainer` (unwrapped by the wrapper before an override without a
+`container_function` attribute is called; this override never has one). Masks follow attention_pytorch:
+2-D -> (1, 1, Nq, Nk), 3-D -> (B, 1, Nq, Nk); bool means True = attend, float is added to the scores.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from ..attention_core import AttentionMemoryError, detect, scaled_dot_product_attention
+
+log = logging.getLogger("tiled_attention")
+
+OVERRIDE_KEY = "optimized_attention_override"
+MARK = "_tiled_attention"
+POSITIONAL = ("q", "k", "v", "heads", "mask", "attn_precision", "skip_reshape", "skip_output_reshape")
+MODES = ("auto", "chunked", "online", "inplace", "off")
+HALF_POLICIES = ("keep", "bf16_to_fp16", "fp32")
+_PRECISION = {"keep": "auto", "bf16_to_fp16": "fp16", "fp32": "fp32"}
+
+
+@dataclass
+class PatchSettings:
+    mode: str = "auto"
+    memory_budget_mb: int = 0
+    half_precision: str = "keep"
+    min_tokens: int = 0
+    node: str = "Patch Attention (tiled)"
+    stats: dict = field(default_factory=lambda: {"engine": 0, "passthrough": 0})
+
+    def __deepcopy__(self, memo):  # shared across ModelPatcher clones: the settings never change after creation
+        return self
+
+
+def bind_call(args: tuple, kwargs: dict) -> dict:
+    """Name the positional/keyword arguments of an optimized_attention call."""
+    call = dict(zip(POSITIONAL, args))
+    for name in POSITIONAL:
+        if name in kwargs:
+            call[name] = kwargs[name]
+    for name, default in (("mask", None), ("attn_precision", None), ("skip_reshape", False),
+                          ("skip_output_reshape", False)):
+        call.setdefault(name, default)
+    if len(args) > len(POSITIONAL):
+        raise TypeError(f"optimized_attention takes at most {len(POSITIONAL)} positional arguments, got {len(args)}")
+    for name in ("q", "k", "v", "heads"):
+        if name not in call:
+            raise TypeError(f"optimized_attention call without {name}")
+    for name in ("q", "k", "v"):  # only when called outside ComfyUI's wrapper, which unwraps them itself
+        t = call[name]
+        if not isinstance(t, torch.Tensor) and hasattr(t, "take"):
+            call[name] = t.take()
+    return call
+
+
+def to_heads(call: dict, enable_gqa: bool):
+    """q, k, v as [B, H, N, D] plus what is needed to shape the result back."""
+    q, k, v, heads = call["q"], call["k"], call["v"], int(call["heads"])
+    if call["skip_reshape"]:
+        return q, k, v
+    b = q.shape[0]
+    dim_head = q.shape[-1] // heads
+    kv_heads = k.shape[-1] // dim_head if enable_gqa else heads
+    q = q.view(b, -1, heads, dim_head).transpose(1, 2)
+    k = k.view(b, -1, kv_heads, dim_head).transpose(1, 2)
+    v = v.view(b, -1, kv_heads, v.shape[-1] // kv_heads).transpose(1, 2)
+    return q, k, v
+
+
+def sdpa_mask(mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """ComfyUI mask conventions -> a mask broadcastable to (B, H, Nq, Nk), as attention_pytorch builds it."""
+    if mask is None:
+        return None
+    if mask.ndim == 2:
+        mask = mask.unsqueeze(0)
+    if mask.ndim == 3:
+        mask = mask.unsqueeze(1)
+    return mask
+
+
+def wants_engine(settings: PatchSettings, q: torch.Tensor, lq: int, lk: int) -> bool:
+    if settings.mode == "off":
+        return False
+    if max(lq, lk) < settings.min_tokens:
+        return False
+    if settings.mode == "auto":
+        return detect(q.device).needs_tiled_attention
+    return True
+
+
+def _seq_lens(call: dict):
+    if call["skip_reshape"]:
+        return call["q"].shape[-2], call["k"].shape[-2]
+    return call["q"].shape[1], call["k"].shape[1]
+
+
+def make_override(settings: PatchSettings, previous=None):
+    """The override installed on a model: the engine where settings say so, else `previous` or ComfyUI's own."""
+
+    def tiled_attention_override(func, *args, **kwargs):
+        call = bind_call(args, kwargs)
+        lq, lk = _seq_lens(call)
+        if not wants_engine(settings, call["q"], lq, lk):
+            settings.stats["passthrough"] += 1
+            args = tuple(call[n] for n in POSITIONAL[:len(args)])
+            if previous is not None:
+                return previous(func, *args, **kwargs)
+            return func(*args, **kwargs)
+        settings.stats["engine"] += 1
+        return run_engine(settings, call, kwargs)
+
+    setattr(tiled_attention_override, MARK, settings)
+    tiled_attention_override.previous = previous
+    return tiled_attention_override
+
+
+def run_engine(settings: PatchSettings, call: dict, kwargs: dict) -> torch.Tensor:
+    enable_gqa = bool(kwargs.get("enable_gqa", False))
+    q, k, v = to_heads(call, enable_gqa)
+    precision = _PRECISION[settings.half_precision]
+    if call["attn_precision"] == torch.float32 or (kwargs.get("low_precision_attention") is False
+                                                   and precision == "fp16"):
+        precision = "fp32"  # the model asks for fp32 scores / a full-precision path
+    tier = "auto" if settings.mode == "auto" else settings.mode
+    budget = settings.memory_budget_mb * (1 << 20) if settings.memory_budget_mb > 0 else None
+    try:
+        out = scaled_dot_product_attention(q, k, v, sdpa_mask(call["mask"]), scale=kwargs.get("scale"),
+                                           enable_gqa=enable_gqa, tier=tier, memory_budget=budget,
+                                           precision=precision)
+    except AttentionMemoryError as e:
+        raise AttentionMemoryError(
+            f"{settings.node}: {e} Node settings: mode={settings.mode}, memory_budget_mb="
+            f"{settings.memory_budget_mb or 'auto'}. Try memory_budget_mb=0 (auto), mode=online, fewer frames or "
+            f"a lower resolution, or launch ComfyUI with --lowvram / --reserve-vram.") from e
+    if call["skip_output_reshape"]:
+        return out
+    b, h, n, d = out.shape
+    return out.transpose(1, 2).reshape(b, n, h * d)
+
+
+def installed_settings(model_options: dict) -> Optional[PatchSettings]:
+    """The settings of this pack's override on a model, if one is installed."""
+    fn = model_options.get("transformer_options", {}).get(OVERRIDE_KEY)
+    return getattr(fn, MARK, None)
+
+
+def install(model_patcher, settings: PatchSettings):
+    """A clone of `model_patcher` with the engine as its attention override (the original is untouched).
+    An override already on the model (another pack's) is kept as the fallback for calls we pass through;
+    an earlier override of this pack is replaced, so the later node in a chain wins."""
+    m = model_patcher.clone()
+    to = m.model_options.setdefault("transformer_options", {})
+    previous = to.get(OVERRIDE_KEY)
+    while previous is not None and getattr(previous, MARK, None) is not None:
+        previous = previous.previous
+    if settings.mode == "off":
+        if previous is None:
+            to.pop(OVERRIDE_KEY, None)
+        else:
+            to[OVERRIDE_KEY] = previous
+        return m
+    to[OVERRIDE_KEY] = make_override(settings, previous)
+    return m
+
+
+def comfy_default_attention() -> str:
+    """Name of the attention function ComfyUI picked at startup (e.g. attention_sub_quad)."""
+    try:
+        from comfy.ldm.modules import attention
+        return getattr(attention.optimized_attention, "__name__", str(attention.optimized_attention))
+    except Exception:  # noqa: BLE001 - outside ComfyUI
+        return "unknown (ComfyUI not imported)"
+

@@ -1,0 +1,252 @@
+"""The nodes inside a real ComfyUI 0.3.75: real loaders, real Wan 2.2 5B / LTX-Video classes, real sampler."""
+import copy
+
+import pytest
+import torch
+
+from comfy_harness import comfy_nodes, load_pack, require_comfy
+from tiny_models import write_ltxv, write_wan22_5b
+
+
+@pytest.fixture(scope="module")
+def pack():
+    return load_pack()
+
+
+@pytest.fixture(scope="module")
+def wan(tmp_path_factory, pack):
+    import comfy.sd
+    path = write_wan22_5b(str(tmp_path_factory.mktemp("models") / "wan22_tiny.safetensors"))
+    model = comfy.sd.load_diffusion_model(path)
+    assert type(model.model.model_config).__name__ == "WAN22_T2V"
+    return model
+
+
+@pytest.fixture(scope="module")
+def ltxv(tmp_path_factory, pack):
+    import comfy.sd
+    path = write_ltxv(str(tmp_path_factory.mktemp("models") / "ltxv_tiny.safetensors"))
+    model = comfy.sd.load_diffusion_model(path)
+    assert type(model.model.model_config).__name__ == "LTXV"
+    return model
+
+
+def patch_node(pack, model, mode="chunked", budget=0, half="keep", min_tokens=0):
+    node = pack.NODE_CLASS_MAPPINGS["TiledAttentionPatch"]()
+    return node.patch(model, mode, budget, half, min_tokens)[0]
+
+
+def settings_of(model):
+    fn = model.model_options["transformer_options"]["optimized_attention_override"]
+    return fn._tiled_attention
+
+
+def sample(model, latent, cond, seed=0, steps=2, cfg=3.0):
+    nodes = comfy_nodes()
+    positive = [[cond[0], dict(cond[1])]]
+    negative = [[torch.zeros_like(cond[0]), dict(cond[1])]]
+    return nodes.KSampler().sample(model, seed, steps, cfg, "euler", "simple", positive, negative,
+                                   {"samples": latent})[0]["samples"]
+
+
+def wan_inputs():
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(1, 48, 3, 16, 16, generator=g), (torch.randn(1, 12, 4096, generator=g), {})
+
+
+def ltxv_inputs():
+    g = torch.Generator().manual_seed(2)
+    mask = torch.ones(1, 10, dtype=torch.long)
+    mask[:, 7:] = 0  # padded text tokens: LTX turns this into an additive (B, 1, 1, Nk) mask
+    return torch.randn(1, 128, 2, 4, 4, generator=g), (torch.randn(1, 10, 4096, generator=g),
+                                                      {"attention_mask": mask})
+
+
+def test_nodes_registered(pack):
+    assert set(pack.NODE_CLASS_MAPPINGS) == {"TiledAttentionPatch", "TiledFFNChunking", "TiledAttentionInfo"}
+    for cls in pack.NODE_CLASS_MAPPINGS.values():
+        spec = cls.INPUT_TYPES()
+        assert "required" in spec and cls.FUNCTION and cls.CATEGORY
+
+
+@pytest.mark.parametrize("mode", ["chunked", "online", "inplace", "auto"])
+def test_wan_sampler_matches_and_every_call_site_uses_engine(pack, wan, mode, monkeypatch):
+    if mode == "auto":
+        monkeypatch.setenv("TILED_ATTENTION", "force")  # the CPU has a fused backend; force the verdict
+    latent, cond = wan_inputs()
+    ref = sample(wan, latent, cond)
+    patched = patch_node(pack, wan, mode)
+    out = sample(patched, latent, cond)
+    stats = settings_of(patched).stats
+    # 2 steps x cond+uncond batched x 2 blocks x (self + cross attention)
+    assert stats["engine"] >= 2 * 2 * 2 and stats["passthrough"] == 0
+    assert torch.allclose(out, ref, atol=1e-4, rtol=1e-4), (out - ref).abs().max()
+    before = dict(stats)
+    sample(wan, latent, cond)  # the same loaded model without the node
+    assert stats == before
+    assert "optimized_attention_override" not in wan.model_options["transformer_options"]
+
+
+def with_torch_attention(model):
+    """The model on ComfyUI's attention_pytorch (torch SDPA): the reference where ComfyUI's CPU default,
+    sub-quadratic attention, fails (it cannot broadcast LTX's text mask in 0.3.75)."""
+    from comfy.ldm.modules import attention
+    m = model.clone()
+    m.model_options["transformer_options"]["optimized_attention_override"] = \
+        lambda func, *a, **kw: attention.attention_pytorch(*a, **kw)
+    return m
+
+
+def test_ltxv_with_text_mask_matches(pack, ltxv):
+    latent, cond = ltxv_inputs()
+    ref = sample(with_torch_attention(ltxv), latent, cond)
+    patched = patch_node(pack, ltxv, "online")
+    out = sample(patched, latent, cond)
+    stats = settings_of(patched).stats
+    assert stats["engine"] >= 2 * 2 * 2 and stats["passthrough"] == 0  # attn1 + masked attn2, 2 blocks
+    assert torch.allclose(out, ref, atol=1e-4, rtol=1e-4), (out - ref).abs().max()
+
+
+def test_min_tokens_and_auto_pass_through(pack, wan, monkeypatch):
+    monkeypatch.setenv("TILED_ATTENTION", "off")
+    latent, cond = wan_inputs()
+    patched = patch_node(pack, wan, "auto")
+    sample(patched, latent, cond, steps=1)
+    assert settings_of(patched).stats["engine"] == 0 and settings_of(patched).stats["passthrough"] > 0
+    patched = patch_node(pack, wan, "chunked", min_tokens=10 ** 6)
+    sample(patched, latent, cond, steps=1)
+    assert settings_of(patched).stats["engine"] == 0
+
+
+def test_chain_keeps_options_and_later_node_wins(pack, wan):
+    other = wan.clone()
+    marker = []
+
+    def foreign(func, *args, **kwargs):
+        marker.append(1)
+        return func(*args, **kwargs)
+    other.model_options["transformer_options"]["optimized_attention_override"] = foreign
+    other.model_options["transformer_options"]["my_option"] = 42
+    first = patch_node(pack, other, "online", min_tokens=10 ** 6)  # passes everything through
+    second = patch_node(pack, first, "chunked")
+    to = second.model_options["transformer_options"]
+    assert to["my_option"] == 42
+    assert settings_of(second).mode == "chunked"
+    latent, cond = wan_inputs()
+    sample(first, latent, cond, steps=1)
+    assert marker, "a pass-through goes to the override that was there before"
+    off = patch_node(pack, second, "off")
+    assert off.model_options["transformer_options"]["optimized_attention_override"] is foreign
+    assert settings_of(first).mode == "online"  # the earlier clone is untouched
+
+
+def test_override_called_as_newest_comfyui_calls_it(pack):
+    """Keyword heads/mask, scale, enable_gqa, low_precision_attention, preferred_attention, containers."""
+    from tiled_attention_pack.nodes.comfy_adapter import PatchSettings, make_override
+
+    class Container:  # AttentionTensorContainer's interface
+        def __init__(self, t):
+            self.t = t
+
+        def take(self):
+            t, self.t = self.t, None
+            return t
+    fn = make_override(PatchSettings(mode="chunked"))
+    assert not hasattr(fn, "container_function")
+    torch.manual_seed(3)
+    b, n, m, h, d = 2, 9, 7, 4, 8
+    q, k, v = torch.randn(b, n, h * d), torch.randn(b, m, 2 * d), torch.randn(b, m, 2 * d)
+    mask = torch.zeros(b, 1, 1, m)
+    mask[..., -2:] = -torch.finfo(torch.float32).max
+    out = fn(None, Container(q), Container(k), Container(v), heads=h, mask=mask, scale=0.3, enable_gqa=True,
+             low_precision_attention=False, preferred_attention=object(), transformer_options={},
+             _inside_attn_wrapper=True)
+    qh = q.view(b, n, h, d).transpose(1, 2)
+    kh = k.view(b, m, 2, d).transpose(1, 2)
+    vh = v.view(b, m, 2, d).transpose(1, 2)
+    ref = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, mask, scale=0.3, enable_gqa=True)
+    assert out.shape == (b, n, h * d) and out.is_contiguous()
+    assert torch.allclose(out, ref.transpose(1, 2).reshape(b, n, h * d), atol=1e-5)
+    # [B, H, N, D] in and out, positional heads and 2-D bool mask
+    bm = torch.rand(n, m) > 0.3
+    out4 = fn(None, qh, kh.repeat_interleave(2, 1), vh.repeat_interleave(2, 1), h, bm, None, True, True)
+    ref4 = torch.nn.functional.scaled_dot_product_attention(qh, kh.repeat_interleave(2, 1),
+                                                            vh.repeat_interleave(2, 1), bm)
+    assert torch.allclose(out4, ref4, atol=1e-5)
+
+
+def test_override_as_comfy_wrap_attn_calls_it(pack):
+    """Through ComfyUI's own wrapper: optimized_attention(..., transformer_options={override})."""
+    from comfy.ldm.modules import attention
+    settings = pack.nodes.comfy_adapter.PatchSettings(mode="online")
+    fn = pack.nodes.comfy_adapter.make_override(settings)
+    q = torch.randn(1, 20, 64)
+    out = attention.optimized_attention(q, q, q, 2, transformer_options={"optimized_attention_override": fn})
+    ref = attention.optimized_attention(q, q, q, 2)
+    assert settings.stats["engine"] == 1 and torch.allclose(out, ref, atol=1e-5)
+
+
+def test_clone_deepcopy_keeps_one_override(pack, wan):
+    patched = patch_node(pack, wan, "chunked")
+    clone = patched.clone()
+    assert settings_of(clone) is settings_of(patched)
+    assert copy.deepcopy(patched.model_options)["transformer_options"]["optimized_attention_override"]
+
+
+def test_memory_error_names_node_and_settings(pack, wan, monkeypatch):
+    import tiled_attention_pack.attention_core.memory as mem
+    monkeypatch.setattr(mem, "bytes_per_score", lambda *a, **k: 1 << 40)  # nothing fits
+    patched = patch_node(pack, wan, "online", budget=64)
+    latent, cond = wan_inputs()
+    with pytest.raises(MemoryError) as e:
+        sample(patched, latent, cond, steps=1)
+    msg = str(e.value)
+    assert "Patch Attention (tiled)" in msg and "memory_budget_mb=64" in msg and "heads" in msg
+
+
+def test_ffn_chunking_exact_restored_and_lora_applies(pack, wan, tmp_path):
+    import comfy.model_management
+    import comfy.sd
+    from tiled_attention_pack.attention_core.ffn import ChunkedFFN
+    node = pack.NODE_CLASS_MAPPINGS["TiledFFNChunking"]()
+    keys = set(wan.model.state_dict())
+    latent, cond = wan_inputs()
+    ref = sample(wan, latent, cond, steps=1)
+    chunked = node.patch(wan, 4, True)[0]
+    patches = [k for k in chunked.object_patches if k.endswith(".ffn.forward")]
+    assert len(patches) == 2
+    out = sample(chunked, latent, cond, steps=1)
+    assert torch.allclose(out, ref, atol=1e-5)
+    wrappers = [chunked.object_patches[k] for k in patches]
+    assert all(w.verified and w.calls_chunked > 0 for w in wrappers)
+    assert set(chunked.model.state_dict()) == keys
+    comfy.model_management.unload_all_models()
+    for i in range(2):
+        assert not isinstance(wan.model.diffusion_model.blocks[i].ffn.forward, ChunkedFFN)
+    # a LoRA on the FFN weights, applied after the node, changes the output exactly as without the node
+    g = torch.Generator().manual_seed(5)
+    lora = {}
+    for i in range(2):
+        w = wan.model.diffusion_model.blocks[i].ffn[0].weight
+        lora[f"diffusion_model.blocks.{i}.ffn.0.lora_up.weight"] = torch.randn(w.shape[0], 4, generator=g)
+        lora[f"diffusion_model.blocks.{i}.ffn.0.lora_down.weight"] = torch.randn(4, w.shape[1], generator=g)
+    with_lora, _ = comfy.sd.load_lora_for_models(wan, None, lora, 1.0, 0)
+    chunked_lora, _ = comfy.sd.load_lora_for_models(chunked, None, lora, 1.0, 0)
+    a = sample(with_lora, latent, cond, steps=1)
+    b = sample(chunked_lora, latent, cond, steps=1)
+    assert not torch.allclose(a, ref, atol=1e-3)
+    assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_ffn_chunking_finds_ltx_ff(pack, ltxv):
+    node = pack.NODE_CLASS_MAPPINGS["TiledFFNChunking"]()
+    m = node.patch(ltxv, 0, True)[0]
+    assert sorted(k for k in m.object_patches) == [f"diffusion_model.transformer_blocks.{i}.ff.forward"
+                                                  for i in range(2)]
+    assert node.patch(ltxv, 0, False)[0].object_patches == {}
+
+
+def test_info_node_reports(pack):
+    out = pack.NODE_CLASS_MAPPINGS["TiledAttentionInfo"]().info()
+    text = out["result"][0]
+    assert "needs tiled attention" in text and "ComfyUI's own attention: attention_" in text
