@@ -117,6 +117,9 @@ def make_override(settings: PatchSettings, previous=None):
                 return previous(func, *args, **kwargs)
             return func(*args, **kwargs)
         settings.stats["engine"] += 1
+        if settings.stats["engine"] == 1:
+            log.info("[tiled-attention] %s: tiled attention running (mode %s), first call q %s k %s, heads %s",
+                     settings.node, settings.mode, tuple(call["q"].shape), tuple(call["k"].shape), call["heads"])
         return run_engine(settings, call, kwargs)
 
     setattr(tiled_attention_override, MARK, settings)

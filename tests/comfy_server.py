@@ -1,0 +1,104 @@
+"""The real ComfyUI server in a subprocess, with this pack (and the tiny-model loader shim) in its custom_nodes,
+a temporary base directory for models/input/output, and the /prompt + /history API."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+from comfy_harness import ROOT, comfy_path
+
+FIXTURES = os.path.join(ROOT, "tests", "fixtures")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ComfyServer:
+    def __init__(self, base_dir, extra_custom_nodes=("tiny_model_loaders",), args=()):
+        self.base = str(base_dir)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = os.path.join(self.base, "server.log")
+        custom = os.path.join(self.base, "custom_nodes")
+        os.makedirs(custom, exist_ok=True)
+        os.makedirs(os.path.join(self.base, "models"), exist_ok=True)
+        if not os.path.exists(os.path.join(custom, "tiled-attention")):
+            os.symlink(ROOT, os.path.join(custom, "tiled-attention"))
+        for name in extra_custom_nodes:
+            if not os.path.exists(os.path.join(custom, name)):
+                os.symlink(os.path.join(FIXTURES, name), os.path.join(custom, name))
+        self.args = list(args)
+        self.proc = None
+
+    def start(self, timeout=240):
+        cmd = [sys.executable, "main.py", "--cpu", "--base-directory", self.base, "--listen", "127.0.0.1",
+               "--port", str(self.port), "--disable-auto-launch", "--database-url", "sqlite:///:memory:",
+               *self.args]
+        self._log = open(self.log_path, "w")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(cmd, cwd=comfy_path(), stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ComfyUI exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
+            try:
+                self.get("/system_stats")
+                return self
+            except (urllib.error.URLError, ConnectionError, OSError):
+                time.sleep(0.5)
+        raise TimeoutError(f"ComfyUI did not answer within {timeout}s:\n{self.log()[-3000:]}")
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        if getattr(self, "_log", None):
+            self._log.close()
+
+    def log(self):
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+    def get(self, path):
+        with urllib.request.urlopen(self.url + path, timeout=30) as r:
+            return json.loads(r.read())
+
+    def post(self, path, payload):
+        req = urllib.request.Request(self.url + path, data=json.dumps(payload).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            raise RuntimeError(f"{path} answered {e.code}: {e.read().decode(errors='replace')[:3000]}") from e
+
+    def run_prompt(self, prompt, timeout=600):
+        """Queue an API-format prompt and wait for it; returns its history entry (outputs, status)."""
+        pid = self.post("/prompt", {"prompt": prompt, "client_id": "tests"})["prompt_id"]
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            hist = self.get(f"/history/{pid}")
+            if pid in hist and hist[pid].get("status", {}).get("completed") is not None:
+                entry = hist[pid]
+                if entry["status"].get("status_str") != "success":
+                    msgs = json.dumps(entry["status"].get("messages", []))[-3000:]
+                    raise RuntimeError(f"prompt failed: {msgs}\n--- server log ---\n{self.log()[-3000:]}")
+                return entry
+            time.sleep(0.5)
+        raise TimeoutError(f"prompt {pid} did not finish in {timeout}s\n{self.log()[-3000:]}")
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
