@@ -50,7 +50,9 @@ def run_backward(p, num, cfg, out, lse, rowmax, dout, need_dmask):
     plan = plan_backward(p, num, budget, cfg.block_q, cfg.block_kv)
     while plan is not None:
         try:
-            return _backward(src, out, lse, rowmax, dout, plan.block_q, plan.block_kv, need_dmask)
+            if plan.block_h >= p.Hkv:
+                return _backward(src, out, lse, rowmax, dout, plan.block_q, plan.block_kv, need_dmask)
+            return _backward_by_heads(p, num, out, lse, rowmax, dout, plan, need_dmask)
         except Exception as e:  # noqa: BLE001 - only out-of-memory is retried
             if not is_oom(e):
                 raise
@@ -62,6 +64,27 @@ def run_backward(p, num, cfg, out, lse, rowmax, dout, need_dmask):
         f"Tiled attention backward: even {16}x{16} tiles do not fit for {p.describe()} within a budget of "
         f"{budget / 2**20:.0f} MB. Free memory (smaller batch, fewer frames or a lower resolution) or raise "
         f"memory_budget.")
+
+
+def _backward_by_heads(p, num, out, lse, rowmax, dout, plan, need_dmask):
+    """The backward head group by head group; a mask without heads collects its gradient over all groups."""
+    dq = torch.empty(p.q5.shape, dtype=p.q5.dtype, device=p.device)
+    dk = torch.empty(p.k4.shape, dtype=p.k4.dtype, device=p.device)
+    dv = torch.empty(p.v4.shape, dtype=p.v4.dtype, device=p.device)
+    dmask = torch.zeros(p.mask5.shape, dtype=p.mask5.dtype, device=p.device) if need_dmask else None
+    for h0 in range(0, p.Hkv, plan.block_h):
+        h1 = min(p.Hkv, h0 + plan.block_h)
+        sub = p.head_group(h0, h1)
+        rm = rowmax[:, h0:h1] if rowmax is not None else None
+        gq, gk, gv, gm = _backward(TileSource(sub, num), out[:, h0:h1], lse[:, h0:h1], rm, dout[:, h0:h1],
+                                   plan.block_q, plan.block_kv, need_dmask)
+        dq[:, h0:h1], dk[:, h0:h1], dv[:, h0:h1] = gq, gk, gv
+        if dmask is not None:
+            if dmask.shape[1] != 1:
+                dmask[:, h0:h1] = gm
+            else:
+                dmask += gm
+    return dq, dk, dv, dmask
 
 
 def _backward_dtype(src: TileSource, dout: torch.Tensor, block_q: int, block_kv: int):

@@ -6,7 +6,7 @@ the GEMMs efficient (bigger tiles buy nothing past that, and on the CPU they fal
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
@@ -15,8 +15,10 @@ from .numerics import Numerics
 from .problem import AttentionProblem
 
 MIN_BLOCK = 16
+# query rows per head a tile keeps before it splits heads into groups: the GEMMs stay efficient above this
+PREF_ROWS = 64
 # score elements per tile we aim for (full rows for chunked / inplace, bq x bk for online)
-TARGET_TILE_ELEMS = {"cpu": 1 << 21, "other": 1 << 27}
+TARGET_TILE_ELEMS = {"cpu": 1 << 20, "other": 1 << 27}
 ONLINE_BLOCK_KV = {"cpu": 1024, "other": 4096}
 # share of the free memory the tiles may take when no budget is given
 FREE_FRACTION = {"cpu": 0.5, "other": 0.7}
@@ -28,16 +30,20 @@ class AttentionMemoryError(MemoryError):
 
 @dataclass(frozen=True)
 class Plan:
+    """A tile: block_q query rows of block_h kv heads (with their GQA groups and the batch) x block_kv keys."""
     tier: str
     block_q: int
     block_kv: int
+    block_h: int
 
     def smaller(self) -> Optional["Plan"]:
-        """Halve the tile (query side first, then the key side of online tiles); None at the floor."""
+        """Halve the tile (heads first, then query rows, then the keys of online tiles); None at the floor."""
+        if self.block_h > 1:
+            return replace(self, block_h=self.block_h // 2)
         if self.block_q > MIN_BLOCK:
-            return Plan(self.tier, max(MIN_BLOCK, self.block_q // 2), self.block_kv)
-        if self.tier == "online" and self.block_kv > MIN_BLOCK:
-            return Plan(self.tier, self.block_q, max(MIN_BLOCK, self.block_kv // 2))
+            return replace(self, block_q=max(MIN_BLOCK, self.block_q // 2))
+        if self.tier in ("online", "backward") and self.block_kv > MIN_BLOCK:
+            return replace(self, block_kv=max(MIN_BLOCK, self.block_kv // 2))
         return None
 
 
@@ -103,17 +109,23 @@ def _round(b: int) -> int:
 
 
 def _tile(p: AttentionProblem, per: int, budget: int, bk: int, block_q, shrink_kv: bool):
-    """(bq, bk) for tiles of `per` bytes a score within `budget`, or None; halves bk while allowed."""
-    rows = max(1, p.rows_per_query)
-    lq = max(1, p.Lq)
+    """(bq, bk, heads) for tiles of `per` bytes a score within `budget`, or None; halves bk while allowed.
+
+    A (kv head, query row) pair holds B * G * bk scores. The tile takes as many pairs as the target size and
+    the budget allow, all heads when that leaves PREF_ROWS rows per head, else fewer heads with more rows."""
+    lq, hkv = max(1, p.Lq), max(1, p.Hkv)
     target = TARGET_TILE_ELEMS[_kind(p.device)]
     while True:
-        fit = budget // (rows * bk * per)
+        per_pair = max(1, p.B * p.G) * bk
         if block_q is not None:
-            return min(block_q, lq), bk
+            return min(block_q, lq), bk, hkv
+        fit = budget // (per_pair * per)
         if fit >= min(MIN_BLOCK, lq):
-            want = max(MIN_BLOCK, target // (rows * bk))
-            return max(1, _round(min(lq, want, fit))), bk
+            pairs = min(max(MIN_BLOCK, target // per_pair), fit)
+            if pairs >= hkv * min(PREF_ROWS, lq):
+                return max(1, _round(min(lq, pairs // hkv))), bk, hkv
+            bq = min(lq, max(min(MIN_BLOCK, lq), min(PREF_ROWS, pairs)))
+            return max(1, _round(bq)), bk, max(1, min(hkv, pairs // bq))
         if not shrink_kv or bk <= MIN_BLOCK:
             return None
         bk = max(MIN_BLOCK, bk // 2)

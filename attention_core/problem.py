@@ -14,7 +14,7 @@ GQA is never materialised: the G query heads of one kv head are stacked along th
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
@@ -32,6 +32,8 @@ class AttentionProblem:
     dropout_seed: int
     out_shape: tuple  # shape of the result in the caller's layout (before squeezing a 2-D call)
     squeeze_2d: bool
+    head_offset: int = 0  # for a head group of a larger problem: its first kv head there ...
+    heads_total: int = 0  # ... and how many kv heads that problem has (0: this problem is whole)
 
     @property
     def B(self) -> int:
@@ -78,6 +80,25 @@ class AttentionProblem:
         return (f"q {tuple(self.q5.shape[:1])}x{self.Hkv * self.G} heads x {self.Lq} x {self.E}, "
                 f"k/v {self.Hkv} heads x {self.Lk} x {self.E}/{self.Ev}, {str(self.dtype).replace('torch.', '')} "
                 f"on {self.device}")
+
+    def head_index(self) -> torch.Tensor:
+        """Flat (batch, query head) index of every score row in the whole problem, (B, Hkv, G, 1, 1) int64."""
+        total = self.heads_total or self.Hkv
+        b = torch.arange(self.B, device=self.device, dtype=torch.int64).view(-1, 1, 1)
+        h = torch.arange(self.head_offset, self.head_offset + self.Hkv, device=self.device,
+                         dtype=torch.int64).view(1, -1, 1)
+        g = torch.arange(self.G, device=self.device, dtype=torch.int64).view(1, 1, -1)
+        return ((b * total + h) * self.G + g).view(self.B, self.Hkv, self.G, 1, 1)
+
+    def head_group(self, h0: int, h1: int) -> "AttentionProblem":
+        """The sub-problem of kv heads [h0, h1) (views; the mask sliced where it has heads)."""
+        if h0 == 0 and h1 == self.Hkv:
+            return self
+        m = self.mask5
+        if m is not None and m.shape[1] != 1:
+            m = m[:, h0:h1]
+        return replace(self, q5=self.q5[:, h0:h1], k4=self.k4[:, h0:h1], v4=self.v4[:, h0:h1], mask5=m,
+                       head_offset=self.head_offset + h0, heads_total=self.heads_total or self.Hkv)
 
     def key_end(self, i1: int) -> int:
         """Keys a query tile ending (exclusive) at row i1 can see: all, or up to i1 with causal (top-left)."""

@@ -67,6 +67,22 @@ def _zeros(p: AttentionProblem) -> torch.Tensor:
     return z
 
 
+def _run_tier(fn, p: AttentionProblem, num: Numerics, src: TileSource, plan, need_stats: bool) -> TileOutputs:
+    """One tier over the whole problem, head group by head group when the plan splits heads."""
+    if plan.block_h >= p.Hkv:
+        return fn(src, plan.block_q, plan.block_kv, need_stats)
+    res = TileOutputs(p, num, need_stats)
+    for h0 in range(0, p.Hkv, plan.block_h):
+        h1 = min(p.Hkv, h0 + plan.block_h)
+        part = fn(TileSource(p.head_group(h0, h1), num), plan.block_q, plan.block_kv, need_stats)
+        res.out[:, h0:h1] = part.out
+        for name in ("lse", "rowmax"):
+            if getattr(res, name) is not None:
+                getattr(res, name)[:, h0:h1] = getattr(part, name)
+        del part
+    return res
+
+
 def run_forward(p: AttentionProblem, num: Numerics, cfg: CallConfig, need_stats: bool) -> TileOutputs:
     """Run the chosen tier; on out-of-memory retry with smaller tiles, then the next tier down."""
     src = TileSource(p, num)
@@ -78,7 +94,7 @@ def run_forward(p: AttentionProblem, num: Numerics, cfg: CallConfig, need_stats:
             log.debug("tier %s does not fit %d MB for %s", tier, budget >> 20, p.describe())
         while plan is not None:
             try:
-                return TIERS[tier](src, plan.block_q, plan.block_kv, need_stats)
+                return _run_tier(TIERS[tier], p, num, src, plan, need_stats)
             except Exception as e:  # noqa: BLE001 - only out-of-memory is retried
                 if not is_oom(e):
                     raise

@@ -33,9 +33,7 @@ class TileSource:
             self.vmax = float(p.v4.detach().abs().max()) if p.v4.numel() else 0.0
             self._global_ok = row_norm_max(p.q5) * abs(p.scale) * self.kmax < FP16_SAFE
         if p.dropout_p > 0:
-            # flat (b, h) index of every score row's head, for the counter-based dropout hash
-            self.head_index = torch.arange(p.B * p.Hkv * p.G, device=p.device, dtype=torch.int64).view(
-                p.B, p.Hkv, p.G, 1, 1)
+            self.head_index = p.head_index()  # for the counter-based dropout hash
 
     @property
     def k32(self):

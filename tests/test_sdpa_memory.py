@@ -21,12 +21,12 @@ def qkv(n=64, h=4, e=16):
 
 @pytest.fixture
 def spy_tiers(monkeypatch):
-    """Record (tier, block_q, block_kv) of every tier call; `fail` maps a tier to how many calls raise OOM."""
+    """Record (tier, block_q, kv heads) of every tier call; `fail` maps a tier to how many calls raise OOM."""
     calls, fail = [], {}
 
     def wrap(name, fn):
         def run(src, bq, bk, need_stats):
-            calls.append((name, bq, bk))
+            calls.append((name, bq, src.p.Hkv))
             if fail.get(name, 0) != 0:
                 fail[name] -= 1
                 raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {bq} rows (injected)")
@@ -41,8 +41,8 @@ def test_auto_picks_tier_by_budget(spy_tiers):
     calls, _ = spy_tiers
     q, k, v = qkv(n=256)
     ref = reference(q, k, v)
-    row = 4 * 256  # score elements per query position
-    # fp32: chunked holds 8 bytes a score, inplace 4; each needs 16 query rows at least
+    row = 256  # score elements per (head, query row); tiers split heads before they give up
+    # fp32: chunked holds 8 bytes a score, inplace 4; each needs 16 query rows of one head at least
     for budget, tier in [(1 << 30, "chunked"), (row * 8 * 16, "chunked"), (row * 8 * 10, "inplace"),
                          (row * 4 * 8, "online")]:
         calls.clear()
@@ -57,13 +57,16 @@ def test_oom_retries_smaller_tiles_then_next_tier(spy_tiers, caplog):
     ref = reference(q, k, v)
     fail["chunked"] = 2
     out = sdpa(q, k, v, tier="chunked", block_q=64)
-    assert [c[:2] for c in calls] == [("chunked", 64), ("chunked", 32), ("chunked", 16)]
+    # halve the head group first (4 -> 2 -> 1 heads), then rows
+    assert calls[:3] == [("chunked", 64, 4), ("chunked", 64, 2), ("chunked", 64, 1)]
     assert (out.double() - ref).abs().max() < 1e-5
     calls.clear()
     fail["chunked"] = -1  # always
     with caplog.at_level(logging.INFO):
         out = sdpa(q, k, v, tier="chunked", block_q=32)
-    assert [c[0] for c in calls] == ["chunked", "chunked", "inplace"]
+    assert [c for c in calls if c[0] == "chunked"] == [("chunked", 32, 4), ("chunked", 32, 2), ("chunked", 32, 1),
+                                                       ("chunked", 16, 1)]
+    assert calls[-1][0] == "inplace"
     assert (out.double() - ref).abs().max() < 1e-5
     assert "next tier" in caplog.text
 
@@ -101,7 +104,7 @@ def test_backward_retries_on_oom(monkeypatch):
     sdpa(q, k, v, block_q=32).sum().backward()
     q2, k2, v2 = (t.detach().clone().requires_grad_() for t in (q, k, v))
     torch.nn.functional.scaled_dot_product_attention(q2, k2, v2).sum().backward()
-    assert count["n"] == 2 and torch.allclose(q.grad, q2.grad) and torch.allclose(v.grad, v2.grad)
+    assert count["n"] == 3 and torch.allclose(q.grad, q2.grad)  # 4 heads failed, then 2 groups of 2 and torch.allclose(v.grad, v2.grad)
 
 
 def test_plans_fit_the_budget():
@@ -109,12 +112,12 @@ def test_plans_fit_the_budget():
     p = normalize(q, k, v)
     num = choose_numerics(p.dtype, p.device)
     budget = 64 << 20
-    for tier in ("chunked", "inplace"):
+    for tier, per in (("chunked", 8), ("inplace", 4)):
         plan = plan_forward(p, num, tier, budget)
-        assert plan.block_q * 16 * 4096 * 4 <= budget
-    plan = plan_forward(p, num, "online", 1 << 20)
-    assert plan is not None and plan.block_q * plan.block_kv * 16 <= (1 << 20)
-    assert plan_forward(p, num, "chunked", 1 << 20) is None
+        assert plan.block_q * plan.block_h * 4096 * per <= budget
+    plan = plan_forward(p, num, "online", 1 << 18)
+    assert plan is not None and plan.block_q * plan.block_kv * plan.block_h * 12 <= (1 << 18)
+    assert plan_forward(p, num, "chunked", 1 << 18) is None  # 16 rows x 4096 keys x 8 bytes > 256 KiB
 
 
 def test_free_memory_on_cpu_and_explicit_budget():
@@ -122,3 +125,33 @@ def test_free_memory_on_cpu_and_explicit_budget():
     assert tile_budget(torch.device("cpu"), 12345) == 12345
     with pytest.raises(ValueError):
         tile_budget(torch.device("cpu"), 0)
+
+
+@pytest.mark.parametrize("tier", ["chunked", "inplace", "online"])
+def test_head_groups_exact_forward_backward_dropout(tier, monkeypatch):
+    """Small tiles split the heads into groups: results, gradients (a per-head and a head-less float mask)
+    and dropout bits are the same as one tile over all heads."""
+    import attention_core.memory as mem
+    from reference import reference_grads
+    torch.manual_seed(12)
+    q, k, v = (torch.randn(2, 6, 40, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    for mask in (torch.randn(2, 6, 40, 40, dtype=torch.float64, requires_grad=True),
+                 torch.randn(40, 40, dtype=torch.float64, requires_grad=True)):
+        dout = torch.randn(2, 6, 40, 8, dtype=torch.float64)
+        ref_out, ref_grads = reference_grads(q, k, v, dout, mask)
+        monkeypatch.setattr(mem, "TARGET_TILE_ELEMS", {"cpu": 2 * 16 * 40, "other": 2 * 16 * 40})
+        plan = plan_forward(normalize(q, k, v, mask), choose_numerics(torch.float64, q.device), tier, 1 << 30)
+        assert plan.block_h < 6
+        for t in (q, k, v, mask):
+            t.grad = None
+        out = sdpa(q, k, v, mask, tier=tier)
+        out.backward(dout)
+        assert (out - ref_out).abs().max() < 1e-10
+        for got, want in zip((q.grad, k.grad, v.grad, mask.grad), ref_grads):
+            assert (got - want).abs().max() < 1e-10
+        monkeypatch.undo()
+    torch.manual_seed(7)
+    split = sdpa(q.detach(), k.detach(), v.detach(), dropout_p=0.3, tier=tier, block_q=40)
+    monkeypatch.setattr(mem, "TARGET_TILE_ELEMS", {"cpu": 2 * 16 * 40, "other": 2 * 16 * 40})
+    torch.manual_seed(7)
+    assert torch.allclose(sdpa(q.detach(), k.detach(), v.detach(), dropout_p=0.3, tier=tier), split)
