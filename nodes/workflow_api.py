@@ -1,0 +1,522 @@
+#!/usr/bin/env python3
+"""Convert a ComfyUI UI-format workflow (what the frontend saves) into an
+API-format prompt (what ``POST /prompt`` takes).
+
+Library use (load this file by path; it imports nothing but the stdlib)::
+
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("workflow_api", "nodes/workflow_api.py")
+    workflow_api = importlib.util.module_from_spec(spec); spec.loader.exec_module(workflow_api)
+    prompt = workflow_api.workflow_to_prompt(workflow, object_info)
+
+Command line::
+
+    python nodes/workflow_api.py WORKFLOW.json [--object-info FILE | --server URL] [--queue]
+
+Without ``--queue`` the prompt is printed (or written with ``-o``).  With
+``--queue`` it is posted to ``SERVER/prompt`` as ``{"prompt": ..., "extra_data":
+{"extra_pnginfo": {"workflow": ...}}}`` (the same shape the frontend sends, so
+Save nodes embed the workflow).
+
+What the converter mirrors from the frontend's ``graphToPrompt``:
+
+* ``widgets_values`` are matched in order to the node's widget inputs from
+  ``/object_info`` (INT, FLOAT, STRING, BOOLEAN, combos, ``FLOAT,INT`` style
+  inputs that declare a ``widgetType``, V3 dynamic combos whose child widgets
+  follow the parent and are sent as dotted keys such as ``format.codec``).
+  Inputs with ``forceInput`` or ``hidden`` are sockets, not widgets.
+* The frontend stores one extra value after a widget that has a
+  "control after generate" companion: an INT whose options carry
+  ``control_after_generate`` (``true`` in 0.3.75, ``"fixed"`` etc. in 0.33.0;
+  an explicit ``false`` turns it off) or, when the option is absent, an INT
+  named ``seed``/``noise_seed``; and a combo whose options set it.  It also
+  stores the value of the upload button after ``image_upload``-style combos
+  (``"image"``).  Those values are skipped, never sent.
+* A widget input that is linked takes the link instead of its widget value.
+* ``Note``/``MarkdownNote`` are dropped; ``Reroute`` and ``PrimitiveNode``
+  are resolved through (a PrimitiveNode contributes its value); bypassed nodes
+  (mode 4) pass a link through to their first input of the matching type;
+  muted nodes (mode 2) are dropped together with every input linked to them.
+* Array widget values are wrapped as ``{"__value__": [...]}``.
+
+Subgraphs (node types that are UUIDs under ``definitions.subgraphs``) are not
+supported and raise ``ValueError``.
+"""
+
+import argparse
+import json
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+
+__all__ = [
+    "FRONTEND_ONLY_TYPES",
+    "workflow_to_prompt",
+    "map_widget_values",
+    "widget_inputs",
+    "iter_inputs",
+    "widget_kind",
+    "spec_options",
+    "combo_options",
+    "types_compatible",
+    "parse_links",
+    "load_object_info",
+]
+
+FRONTEND_ONLY_TYPES = frozenset({"Note", "MarkdownNote", "Reroute", "PrimitiveNode"})
+NOTE_TYPES = frozenset({"Note", "MarkdownNote"})
+
+MODE_ALWAYS = 0
+MODE_NEVER = 2  # "muted"
+MODE_BYPASS = 4
+
+DYNAMIC_COMBO = "COMFY_DYNAMICCOMBO_V3"
+PLAIN_WIDGET_TYPES = frozenset({"INT", "FLOAT", "STRING", "BOOLEAN"})
+CONTROL_VALUES = frozenset({"fixed", "increment", "decrement", "randomize"})
+UPLOAD_VALUES = frozenset({"image", "video", "audio", "file", "upload", ""})
+
+_MISSING = object()
+
+
+# --------------------------------------------------------------------------
+# /object_info schema helpers
+# --------------------------------------------------------------------------
+
+def spec_options(spec):
+    """The options dict of an input spec ``[type, {options}]`` (or {})."""
+    if isinstance(spec, (list, tuple)) and len(spec) > 1 and isinstance(spec[1], dict):
+        return spec[1]
+    return {}
+
+
+def combo_options(spec):
+    """Choices of a combo input: V1 ``[[a, b], {...}]`` or V3 ``["COMBO", {"options": [...]}]``.
+
+    For a dynamic combo the choices are the option keys.
+    """
+    if not isinstance(spec, (list, tuple)) or not spec:
+        return []
+    if isinstance(spec[0], (list, tuple)):
+        return list(spec[0])
+    opts = spec_options(spec).get("options") or []
+    out = []
+    for o in opts:
+        if isinstance(o, dict):
+            if "key" in o:
+                out.append(o["key"])
+        else:
+            out.append(o)
+    return out
+
+
+def widget_kind(spec):
+    """What widget the frontend makes for an input spec, or None for a plain socket.
+
+    Returns one of "INT", "FLOAT", "STRING", "BOOLEAN", "COMBO", DYNAMIC_COMBO.
+    """
+    if not isinstance(spec, (list, tuple)) or not spec:
+        return None
+    opts = spec_options(spec)
+    if opts.get("forceInput") or opts.get("hidden"):
+        return None
+    t = spec[0]
+    if isinstance(t, (list, tuple)):
+        return "COMBO"
+    if not isinstance(t, str):
+        return None
+    if t == "COMBO":
+        return "COMBO"
+    if t == DYNAMIC_COMBO:
+        return DYNAMIC_COMBO
+    if t in PLAIN_WIDGET_TYPES:
+        return t
+    if "," in t:
+        wt = opts.get("widgetType")
+        if isinstance(wt, str) and wt in PLAIN_WIDGET_TYPES | {"COMBO"}:
+            return wt
+    return None
+
+
+def socket_type(spec):
+    """The link type of an input spec as the frontend names it ("COMBO" for lists)."""
+    if not isinstance(spec, (list, tuple)) or not spec:
+        return "*"
+    t = spec[0]
+    if isinstance(t, (list, tuple)):
+        return "COMBO"
+    return t if isinstance(t, str) else "*"
+
+
+def iter_inputs(node_def, sections=("required", "optional")):
+    """Yield ``(name, spec, section)`` in the order the frontend lays inputs out."""
+    inputs = node_def.get("input") or {}
+    order = node_def.get("input_order") or {}
+    for section in sections:
+        sec = inputs.get(section) or {}
+        names = order.get(section)
+        if not names:
+            names = list(sec)
+        seen = set()
+        for name in names:
+            if name in sec and name not in seen:
+                seen.add(name)
+                yield name, sec[name], section
+        for name in sec:  # anything input_order forgot
+            if name not in seen:
+                yield name, sec[name], section
+
+
+def widget_inputs(node_def):
+    """Top-level widget inputs ``[(name, spec, section, kind)]`` in order."""
+    out = []
+    for name, spec, section in iter_inputs(node_def):
+        kind = widget_kind(spec)
+        if kind is not None:
+            out.append((name, spec, section, kind))
+    return out
+
+
+def has_control_widget(name, spec, kind):
+    opts = spec_options(spec)
+    flag = opts.get("control_after_generate")
+    if kind == "INT":
+        if flag is None:
+            return name in ("seed", "noise_seed")
+        return bool(flag)
+    if kind == "COMBO":
+        return bool(flag)
+    return False
+
+
+def has_upload_widget(spec):
+    opts = spec_options(spec)
+    return any(k.endswith("_upload") and v for k, v in opts.items())
+
+
+def _is_control_value(v):
+    return v is None or (isinstance(v, str) and v in CONTROL_VALUES)
+
+
+def _is_upload_value(v):
+    return v is None or (isinstance(v, str) and v in UPLOAD_VALUES)
+
+
+def _dynamic_option(spec, key):
+    for o in spec_options(spec).get("options") or []:
+        if isinstance(o, dict) and o.get("key") == key:
+            return o
+    return None
+
+
+def _walk_widgets(inputs, order, prefix, values, pos, out, slots):
+    for section in ("required", "optional"):
+        sec = inputs.get(section) or {}
+        names = (order or {}).get(section) or list(sec)
+        for name in names:
+            spec = sec.get(name)
+            if spec is None:
+                continue
+            kind = widget_kind(spec)
+            if kind is None:
+                continue
+            full = prefix + name
+            value = _MISSING
+            if pos < len(values):
+                value = values[pos]
+                out[full] = value
+                pos += 1
+            slots.append((full, spec, section, kind))
+            if has_control_widget(name, spec, kind) and pos < len(values) and _is_control_value(values[pos]):
+                pos += 1
+            if has_upload_widget(spec) and pos < len(values) and _is_upload_value(values[pos]):
+                pos += 1
+            if kind == DYNAMIC_COMBO:
+                key = value if value is not _MISSING else spec_options(spec).get("default")
+                if key is _MISSING or key is None:
+                    choices = combo_options(spec)
+                    key = choices[0] if choices else None
+                option = _dynamic_option(spec, key)
+                if option is not None:
+                    pos = _walk_widgets(option.get("inputs") or {}, None, full + ".", values, pos, out, slots)
+    return pos
+
+
+def map_widget_values(widgets_values, node_def):
+    """Match a node's ``widgets_values`` to its widget inputs.
+
+    Returns ``(values, slots, extra)``:
+      values -- {input name: value} for each widget input that got a value
+                (dynamic-combo children under dotted names);
+      slots  -- every widget input walked, ``[(name, spec, section, kind)]``,
+                including those left without a value (check ``name in values``);
+      extra  -- widget values left over after the walk (should be empty).
+    """
+    if widgets_values is None:
+        widgets_values = []
+    if isinstance(widgets_values, dict):
+        # Some frontends/extensions save a name -> value mapping.
+        slots = []
+        _walk_widgets((node_def.get("input") or {}), node_def.get("input_order"), "", [], 0, {}, slots)
+        names = {s[0] for s in slots}
+        values = {k: v for k, v in widgets_values.items() if k in names}
+        extra = [k for k in widgets_values if k not in names]
+        return values, slots, extra
+    values, slots = {}, []
+    pos = _walk_widgets(node_def.get("input") or {}, node_def.get("input_order"), "", list(widgets_values), 0, values, slots)
+    return values, slots, list(widgets_values[pos:])
+
+
+def output_types(node_def):
+    out = []
+    for t in node_def.get("output") or []:
+        out.append("COMBO" if isinstance(t, (list, tuple)) else t)
+    return out
+
+
+def types_compatible(a, b):
+    """LiteGraph.isValidConnection: "*"/"" match anything; comma lists intersect."""
+    if isinstance(a, (list, tuple)):
+        a = "COMBO"
+    if isinstance(b, (list, tuple)):
+        b = "COMBO"
+    a = "" if a is None else str(a)
+    b = "" if b is None else str(b)
+    if a in ("", "*") or b in ("", "*"):
+        return True
+    if a.upper() == b.upper():
+        return True
+    sa = {x.strip().upper() for x in a.split(",") if x.strip()}
+    sb = {x.strip().upper() for x in b.split(",") if x.strip()}
+    if "*" in sa or "*" in sb:
+        return True
+    return bool(sa & sb)
+
+
+# --------------------------------------------------------------------------
+# workflow helpers
+# --------------------------------------------------------------------------
+
+def parse_links(workflow):
+    """{link id: (origin_id, origin_slot, target_id, target_slot, type)}; accepts array or object links."""
+    out = {}
+    for link in workflow.get("links") or []:
+        if isinstance(link, dict):
+            out[link["id"]] = (link["origin_id"], link["origin_slot"], link["target_id"],
+                               link["target_slot"], link.get("type"))
+        elif isinstance(link, (list, tuple)) and len(link) >= 5:
+            out[link[0]] = (link[1], link[2], link[3], link[4], link[5] if len(link) > 5 else None)
+    return out
+
+
+def _bypass_input_index(node, slot, want_type):
+    """ExecutableNodeDTO#getBypassSlotIndex from the frontend."""
+    inputs = node.get("inputs") or []
+    outputs = node.get("outputs") or []
+    out_type = outputs[slot].get("type") if slot < len(outputs) else want_type
+    if want_type in (None, "", "*"):
+        if not inputs:
+            return -1
+        return slot if len(inputs) > slot else 0
+    if slot < len(inputs):
+        t = inputs[slot].get("type")
+        if types_compatible(t, out_type) and types_compatible(t, want_type):
+            return slot
+    for i, inp in enumerate(inputs):
+        if inp.get("type") == want_type:
+            return i
+    for i, inp in enumerate(inputs):
+        t = inp.get("type")
+        if types_compatible(t, out_type) and types_compatible(t, want_type):
+            return i
+    return -1
+
+
+def _resolve(nodes, links, origin_id, origin_slot, want_type, visited):
+    """Follow a link back to the real producer.
+
+    Returns ("link", id, slot), ("value", v), ("drop",) for a muted producer,
+    or None when nothing can be resolved (the input is left out).
+    """
+    key = (str(origin_id), origin_slot)
+    if key in visited:
+        raise ValueError(f"cycle through node {origin_id} slot {origin_slot} while resolving links")
+    visited = visited | {key}
+    node = nodes.get(str(origin_id))
+    if node is None:
+        return None
+    ntype = node.get("type")
+    mode = node.get("mode", MODE_ALWAYS)
+    if ntype == "PrimitiveNode":
+        wv = node.get("widgets_values")
+        if isinstance(wv, list) and wv:
+            return ("value", wv[0])
+        return None
+    if ntype in NOTE_TYPES:
+        return None
+    if ntype == "Reroute":
+        inputs = node.get("inputs") or []
+        link_id = inputs[0].get("link") if inputs else None
+        if link_id is None or link_id not in links:
+            return None
+        o_id, o_slot = links[link_id][0], links[link_id][1]
+        return _resolve(nodes, links, o_id, o_slot, want_type, visited)
+    if mode == MODE_BYPASS:
+        idx = _bypass_input_index(node, origin_slot, want_type)
+        if idx < 0:
+            return None
+        link_id = (node.get("inputs") or [])[idx].get("link")
+        if link_id is None or link_id not in links:
+            return None
+        o_id, o_slot = links[link_id][0], links[link_id][1]
+        return _resolve(nodes, links, o_id, o_slot, want_type, visited)
+    if mode == MODE_NEVER:
+        return ("drop",)
+    return ("link", str(origin_id), int(origin_slot))
+
+
+def _api_value(v):
+    return {"__value__": v} if isinstance(v, list) else v
+
+
+def workflow_to_prompt(workflow, object_info):
+    """Convert a UI-format workflow dict to an API-format prompt dict.
+
+    ``object_info`` is the server's ``/object_info`` answer (node type -> schema).
+    Raises ValueError for subgraphs and for node types missing from object_info.
+    """
+    if not isinstance(workflow, dict) or "nodes" not in workflow:
+        raise ValueError("not a UI-format workflow (no 'nodes' list); API-format prompts need no conversion")
+    subgraph_ids = {s.get("id") for s in ((workflow.get("definitions") or {}).get("subgraphs") or [])}
+    nodes = {str(n["id"]): n for n in workflow["nodes"]}
+    links = parse_links(workflow)
+
+    unknown = sorted({n.get("type") for n in nodes.values()
+                      if n.get("type") not in FRONTEND_ONLY_TYPES and n.get("type") not in object_info
+                      and n.get("mode", 0) != MODE_NEVER})
+    subgraphs = [t for t in unknown if t in subgraph_ids]
+    if subgraphs:
+        raise ValueError(f"subgraph nodes are not supported (unpack them first): {subgraphs}")
+    if unknown:
+        raise ValueError(f"node types not in object_info: {unknown}")
+
+    prompt = {}
+    for nid, node in sorted(nodes.items(), key=lambda kv: (kv[1].get("order", 0), _int_or_str(kv[0]))):
+        ntype = node.get("type")
+        mode = node.get("mode", MODE_ALWAYS)
+        if ntype in FRONTEND_ONLY_TYPES or mode in (MODE_NEVER, MODE_BYPASS):
+            continue
+        node_def = object_info[ntype]
+        values, _slots, _extra = map_widget_values(node.get("widgets_values"), node_def)
+        inputs = {name: _api_value(v) for name, v in values.items()}
+        for inp in node.get("inputs") or []:
+            link_id = inp.get("link")
+            name = inp.get("name")
+            if link_id is None or name is None:
+                continue
+            if link_id not in links:
+                continue
+            o_id, o_slot = links[link_id][0], links[link_id][1]
+            res = _resolve(nodes, links, o_id, o_slot, inp.get("type"), frozenset())
+            if res is None:
+                continue
+            if res[0] == "value":
+                inputs[name] = _api_value(res[1])
+            elif res[0] == "drop":
+                inputs.pop(name, None)
+            else:
+                inputs[name] = [res[1], res[2]]
+        title = node.get("title") or node_def.get("display_name") or ntype
+        prompt[nid] = {"inputs": inputs, "class_type": ntype, "_meta": {"title": title}}
+
+    # Inputs linked to nodes that are not in the prompt are removed (as the frontend does).
+    for entry in prompt.values():
+        for name in list(entry["inputs"]):
+            v = entry["inputs"][name]
+            if isinstance(v, list) and len(v) == 2 and v[0] not in prompt:
+                del entry["inputs"][name]
+    return prompt
+
+
+def _int_or_str(s):
+    try:
+        return (0, int(s), "")
+    except (TypeError, ValueError):
+        return (1, 0, str(s))
+
+
+# --------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------
+
+def _http_json(url, payload=None, timeout=60):
+    data = None
+    headers = {}
+    if payload is not None:
+        data = json.dumps(payload).encode("utf-8")
+        headers["Content-Type"] = "application/json"
+    req = urllib.request.Request(url, data=data, headers=headers)
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read().decode("utf-8"))
+
+
+def load_object_info(path=None, server=None):
+    if path:
+        with open(path, "r", encoding="utf-8") as f:
+            return json.load(f)
+    if server:
+        return _http_json(server.rstrip("/") + "/object_info")
+    raise ValueError("need --object-info FILE or --server URL")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="Convert a ComfyUI UI workflow to an API prompt (and optionally queue it).")
+    p.add_argument("workflow", help="UI-format workflow JSON (as saved by the ComfyUI frontend)")
+    p.add_argument("--object-info", metavar="FILE", help="saved /object_info JSON (else read from --server)")
+    p.add_argument("--server", metavar="URL", default=None,
+                   help="ComfyUI server (default http://127.0.0.1:8188 when needed); "
+                        "/object_info is read from it unless --object-info is given")
+    p.add_argument("--queue", action="store_true", help="POST the prompt to SERVER/prompt")
+    p.add_argument("-o", "--output", metavar="FILE", help="write the API prompt here instead of stdout")
+    p.add_argument("--client-id", default=None, help="client_id to send with --queue")
+    args = p.parse_args(argv)
+
+    server = args.server
+    if server is None and (args.queue or not args.object_info):
+        server = "http://127.0.0.1:8188"
+
+    with open(args.workflow, "r", encoding="utf-8") as f:
+        workflow = json.load(f)
+    try:
+        object_info = load_object_info(args.object_info, None if args.object_info else server)
+        prompt = workflow_to_prompt(workflow, object_info)
+    except (ValueError, urllib.error.URLError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+    text = json.dumps(prompt, indent=2, ensure_ascii=False)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    elif not args.queue:
+        print(text)
+
+    if args.queue:
+        body = {"prompt": prompt, "extra_data": {"extra_pnginfo": {"workflow": workflow}}}
+        if args.client_id:
+            body["client_id"] = args.client_id
+        try:
+            answer = _http_json(server.rstrip("/") + "/prompt", body)
+        except urllib.error.HTTPError as e:
+            detail = e.read().decode("utf-8", "replace")
+            print(f"error: server answered {e.code}: {detail}", file=sys.stderr)
+            return 1
+        except (urllib.error.URLError, OSError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        print(json.dumps(answer, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
