@@ -6,8 +6,10 @@
 
 Methods: torch math SDPA, torch's default SDPA (fused where it exists), each tier of this engine, and when
 importable the peers noflash-attention 1.0.1 (its tier functions, called directly) and ComfyUI's attention.
-Memory is measured honestly: on the CPU every case runs in a fresh process and reports ru_maxrss growth over
-the RSS it had with its inputs allocated; on a GPU, torch.cuda.max_memory_allocated over the allocated baseline.
+Memory is measured honestly: on the CPU every case runs in a fresh process whose peak-RSS mark (VmHWM, the
+per-process ru_maxrss) is reset once its inputs exist, and reports the peak's growth over that RSS; on a GPU,
+torch.cuda.max_memory_allocated over the allocated baseline.
+Cases run with OMP_WAIT_POLICY=PASSIVE unless set (the same for every method; see _run_in_subprocess).
 Errors are against torch's math SDPA in float64 (or this engine's chunked tier in float64 when the float64
 score matrix would not fit, marked "ref=tiled64").
 """
@@ -107,7 +109,26 @@ def _rss():
     return psutil.Process().memory_info().rss
 
 
-def _maxrss():
+def _reset_peak_rss() -> bool:
+    """Reset this process's peak-RSS mark (Linux: write 5 to /proc/self/clear_refs); False where unsupported."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_rss():
+    """Peak RSS of this process image: VmHWM (not inherited across fork+exec, unlike ru_maxrss, which carries
+    the parent's peak into the child), else ru_maxrss."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
@@ -154,12 +175,13 @@ def run_case(case) -> dict:
             torch.cuda.reset_peak_memory_stats(dev)
             base = torch.cuda.memory_allocated(dev)
         else:
+            _reset_peak_rss()
             base = _rss()
         t0 = time.perf_counter()
         out = step()
         sync()
         first = time.perf_counter() - t0
-        peak = (torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else _maxrss()) - base
+        peak = (torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else _peak_rss()) - base
         times = [first]
         for _ in range(case["repeats"] - 1):
             t0 = time.perf_counter()
@@ -209,6 +231,9 @@ def _run_in_subprocess(case, timeout):
     cmd = [sys.executable, "-m", "attention_core.bench", "--case", json.dumps(case)]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # torch's OpenMP pool spins between ops by default; on small shared VMs (2 vCPUs) spinning workers starve the
+    # main thread and make timings bimodal (10x swings run to run). Every method runs with the same setting.
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=root)
     except subprocess.TimeoutExpired:

@@ -21,7 +21,7 @@ def free_port():
 
 
 class ComfyServer:
-    def __init__(self, base_dir, extra_custom_nodes=("tiny_model_loaders",), args=()):
+    def __init__(self, base_dir, extra_custom_nodes=("tiny_model_loaders",), args=(), cpu=True):
         self.base = str(base_dir)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -29,16 +29,15 @@ class ComfyServer:
         custom = os.path.join(self.base, "custom_nodes")
         os.makedirs(custom, exist_ok=True)
         os.makedirs(os.path.join(self.base, "models"), exist_ok=True)
-        if not os.path.exists(os.path.join(custom, "tiled-attention")):
-            os.symlink(ROOT, os.path.join(custom, "tiled-attention"))
-        for name in extra_custom_nodes:
-            if not os.path.exists(os.path.join(custom, name)):
-                os.symlink(os.path.join(FIXTURES, name), os.path.join(custom, name))
-        self.args = list(args)
+        links = {"tiled-attention": ROOT, **{n: os.path.join(FIXTURES, n) for n in extra_custom_nodes}}
+        for name, target in links.items():
+            if not os.path.lexists(os.path.join(custom, name)):
+                os.symlink(target, os.path.join(custom, name))
+        self.args = (["--cpu"] if cpu else []) + list(args)
         self.proc = None
 
     def start(self, timeout=240):
-        cmd = [sys.executable, "main.py", "--cpu", "--base-directory", self.base, "--listen", "127.0.0.1",
+        cmd = [sys.executable, "main.py", "--base-directory", self.base, "--listen", "127.0.0.1",
                "--port", str(self.port), "--disable-auto-launch", "--database-url", "sqlite:///:memory:",
                *self.args]
         self._log = open(self.log_path, "w")

@@ -87,19 +87,9 @@ def test_wan_sampler_matches_and_every_call_site_uses_engine(pack, wan, mode, mo
     assert "optimized_attention_override" not in wan.model_options["transformer_options"]
 
 
-def with_torch_attention(model):
-    """The model on ComfyUI's attention_pytorch (torch SDPA): the reference where ComfyUI's CPU default,
-    sub-quadratic attention, fails (it cannot broadcast LTX's text mask in 0.3.75)."""
-    from comfy.ldm.modules import attention
-    m = model.clone()
-    m.model_options["transformer_options"]["optimized_attention_override"] = \
-        lambda func, *a, **kw: attention.attention_pytorch(*a, **kw)
-    return m
-
-
 def test_ltxv_with_text_mask_matches(pack, ltxv):
     latent, cond = ltxv_inputs()
-    ref = sample(with_torch_attention(ltxv), latent, cond)
+    ref = sample(ltxv, latent, cond)
     patched = patch_node(pack, ltxv, "online")
     out = sample(patched, latent, cond)
     stats = settings_of(patched).stats

@@ -1,0 +1,68 @@
+"""Editing API-format prompts of the bundled workflows: test sizes, removing Patch Attention, reading outputs."""
+import importlib.util
+import json
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def workflow_api():
+    """nodes/workflow_api.py (the pack's UI -> API converter), loaded by path: it needs no ComfyUI."""
+    spec = importlib.util.spec_from_file_location("workflow_api", os.path.join(ROOT, "nodes", "workflow_api.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def resized(prompt, prefix, size=None, frames=None, steps=None, mode=None, min_tokens=None):
+    """A copy with the latent size / frames / steps / Patch Attention settings replaced where given, outputs
+    under `prefix`, and every decoded frame also saved as PNG (lossless, for comparisons)."""
+    p = json.loads(json.dumps(prompt))
+    for node in p.values():
+        ct, inp = node["class_type"], node["inputs"]
+        if ct == "Wan22ImageToVideoLatent":
+            if size:
+                inp.update(width=size[0], height=size[1])
+            if frames:
+                inp.update(length=frames)
+        elif ct in ("KSampler", "KSamplerAdvanced") and steps:
+            inp["steps"] = steps
+        elif ct == "TiledAttentionPatch":
+            if mode:
+                inp["mode"] = mode
+            if min_tokens is not None:
+                inp["min_tokens"] = min_tokens
+        elif ct == "VAEDecodeTiled" and size:
+            inp.update(tile_size=max(64, min(512, max(size) // 32 * 32)), overlap=32, temporal_size=64,
+                       temporal_overlap=8)
+        elif ct in ("SaveVideo", "SaveAnimatedWEBP", "SaveWEBM"):
+            inp["filename_prefix"] = f"{prefix}/video"
+    decoders = [nid for nid, n in p.items() if n["class_type"] in ("VAEDecode", "VAEDecodeTiled")]
+    if decoders:
+        p["9001"] = {"class_type": "SaveImage", "inputs": {"images": [decoders[0], 0],
+                                                            "filename_prefix": f"{prefix}/frame"}}
+    return p
+
+
+def without_patch(prompt):
+    """The same prompt with every TiledAttentionPatch node removed and its consumers wired to its input."""
+    p = json.loads(json.dumps(prompt))
+    for nid in [n for n, node in p.items() if node["class_type"] == "TiledAttentionPatch"]:
+        source = p.pop(nid)["inputs"]["model"]
+        for node in p.values():
+            for k, v in node["inputs"].items():
+                if isinstance(v, list) and len(v) == 2 and str(v[0]) == nid:
+                    node["inputs"][k] = source
+    return p
+
+
+def output_files(base, entry, suffixes):
+    """Paths of the files a finished prompt wrote, from its history entry."""
+    found = []
+    for node_out in entry["outputs"].values():
+        for key in ("images", "videos", "gifs", "video"):
+            for item in node_out.get(key, []) or []:
+                if isinstance(item, dict) and item.get("filename", "").endswith(suffixes):
+                    found.append(os.path.join(base, item.get("type", "output"), item.get("subfolder", ""),
+                                              item["filename"]))
+    return found
