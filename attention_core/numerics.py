@@ -3,7 +3,8 @@
 - Softmax statistics (m, l, L = m + log l) and the online accumulator are always fp32 (or fp64 for fp64).
 - Flush-to-zero (as llama.cpp): a weight whose score is more than FTZ_THRESHOLD below its row max is exactly 0,
   not e^-20, so tens of thousands of negligible or masked keys add nothing. On in half precision, off otherwise
-  (in fp32/fp64 the engine is exact to torch).
+  (in fp32/fp64 the engine is exact to torch). Weights stored in fp16 need no extra pass: they are
+  exp(s - m) / l <= e^-20 < 2.1e-9 there, below half of fp16's smallest subnormal (6e-8), so they round to 0.
 - Overflow guard: a score tile whose bound max|q_i| * scale * max|k_j| could pass fp16's 65504 is computed in fp32.
 - bf16 -> fp16 only where the device has no bf16 hardware and every value fits fp16's range; else fp32.
 """

@@ -18,8 +18,9 @@ def forward(src: TileSource, block_q: int, block_kv: int, need_stats: bool) -> T
         kend = p.key_end(i1)
         qt = src.query_tile(i0, i1, torch.float32 if src.tile_needs_fp32(i0, i1) else None)
         s = src.scores(qt, i0, i1, 0, kend)
-        m = s.amax(-1, keepdim=True) if (need_stats or num.ftz or p.mask5 is not None) else None
-        if num.ftz:
+        ftz = num.ftz and s.dtype != torch.float16  # fp16 weights flush by themselves (see numerics)
+        m = s.amax(-1, keepdim=True) if (need_stats or ftz or p.mask5 is not None) else None
+        if ftz:
             s.sub_(safe_max(m))
             flush_to_zero_(s)
         probs = torch.softmax(s, dim=-1)
