@@ -41,32 +41,41 @@ class PeakMemory:
     /proc/PID/clear_refs) on the CPU; on a GPU, the most VRAM in use seen in /system_stats while it ran."""
 
     def __init__(self, server, gpu):
-        self.server, self.gpu, self.peak = server, gpu, 0
+        self.server, self.gpu, self.peak, self.start = server, gpu, 0, 0
+
+    def _status(self, key):
+        with open(f"/proc/{self.server.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+        return 0
 
     def reset(self):
         self.peak = 0
-        if not self.gpu:
-            try:
-                with open(f"/proc/{self.server.proc.pid}/clear_refs", "w") as f:
-                    f.write("5")
-            except OSError:
-                pass
+        if self.gpu:
+            dev = self.server.get("/system_stats")["devices"][0]
+            self.start = dev["vram_total"] - dev["vram_free"]
+            return
+        try:
+            with open(f"/proc/{self.server.proc.pid}/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:
+            pass
+        self.start = self._status("VmRSS")
 
     def sample(self):
         if self.gpu:
             dev = self.server.get("/system_stats")["devices"][0]
             self.peak = max(self.peak, dev["vram_total"] - dev["vram_free"])
         else:
-            with open(f"/proc/{self.server.proc.pid}/status") as f:
-                for line in f:
-                    if line.startswith("VmHWM:"):
-                        self.peak = int(line.split()[1]) * 1024
+            self.peak = max(self.peak, self._status("VmHWM"))
 
 
 def run(server, prompt, label, mem):
     """Queue a prompt, show its progress from the server log, return (seconds, peak bytes, history entry)."""
     mem.reset()
     start = time.time()
+    log_start = len(server.log())
     pid = server.post("/prompt", {"prompt": prompt, "client_id": "demo"})["prompt_id"]
     last = ""
     while True:
@@ -74,7 +83,8 @@ def run(server, prompt, label, mem):
         mem.sample()
         if pid in hist and hist[pid].get("status", {}).get("completed") is not None:
             break
-        lines = [ln for ln in server.log().replace("\r", "\n").splitlines() if "it/s]" in ln or "s/it]" in ln]
+        new = server.log()[log_start:].replace("\r", "\n")
+        lines = [ln for ln in new.splitlines() if "it/s]" in ln or "s/it]" in ln]
         if lines and lines[-1] != last:
             last = lines[-1]
             print(f"\r[demo]   {label}: {last.strip()[-70:]}", end="", flush=True)
@@ -83,7 +93,7 @@ def run(server, prompt, label, mem):
     entry = hist[pid]
     if entry["status"].get("status_str") != "success":
         raise SystemExit(f"[demo] {label} failed: {json.dumps(entry['status'].get('messages', []))[-2000:]}")
-    return time.time() - start, mem.peak, entry
+    return time.time() - start, mem.peak, mem.peak - mem.start, entry
 
 
 def main(argv=None):
@@ -130,21 +140,25 @@ def main(argv=None):
             prompt = workflow_api().workflow_to_prompt(json.load(f), server.get("/object_info"))
         mode = a.mode or ("auto" if gpu else "chunked")
         sized = {} if a.full_size else dict(size=(a.width, a.height), frames=a.frames, steps=a.steps)
-        with_patch = resized(prompt, "demo/patched", mode=mode, **sized)
+        # the demo's small videos have fewer tokens than the workflow's min_tokens: let every call through
+        with_patch = resized(prompt, "demo/patched", mode=mode, min_tokens=None if a.full_size else 0, **sized)
         plain = resized(without_patch(prompt), "demo/comfyui", **sized)
         mem = PeakMemory(server, gpu)
+        say("warming up (loading the models once, so neither run below pays for it)")
+        run(server, resized(plain, "demo/warmup", steps=1, frames=1 if not a.full_size else None), "warm-up", mem)
         results = []
         for label, p in (("ComfyUI's own attention", plain), (f"Patch Attention ({mode})", with_patch)):
             say(f"queueing the Wan 2.2 workflow with {label}")
-            secs, peak, entry = run(server, p, label, mem)
+            secs, peak, growth, entry = run(server, p, label, mem)
             videos = output_files(server.base, entry, (".mp4", ".webm", ".webp"))
-            results.append((label, secs, peak, videos[0] if videos else "(no video)"))
+            results.append((label, secs, peak, growth, videos[0] if videos else "(no video)"))
         log = server.log()
     attn = next((ln for ln in log.splitlines() if ln.startswith("Using ") and "attention" in ln), "")
     print()
-    print(f"{'run':<32}{'time':>10}{'peak ' + ('VRAM' if gpu else 'RSS'):>14}  video")
-    for label, secs, peak, video in results:
-        print(f"{label:<32}{secs:>9.1f}s{peak / 2**20:>11.0f} MB  {video}")
+    what = "VRAM in use" if gpu else "RSS"
+    print(f"{'run':<32}{'time':>9}{'peak ' + what:>16}{'growth':>10}  video")
+    for label, secs, peak, growth, video in results:
+        print(f"{label:<32}{secs:>8.1f}s{peak / 2**20:>13.0f} MB{growth / 2**20:>7.0f} MB  {video}")
     if attn:
         print(f"\nComfyUI chose: {attn.strip()}")
     if "tiled attention running" in log:
