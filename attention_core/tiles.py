@@ -96,6 +96,14 @@ class TileSource:
         return v[:, :, j0:j1]
 
 
+def query_tiles(src: "TileSource", block_q: int):
+    """(i0, i1, key_end, scaled query tile) for each query tile; a tile the overflow guard flags is fp32."""
+    p = src.p
+    for i0 in range(0, p.Lq, block_q):
+        i1 = min(p.Lq, i0 + block_q)
+        yield i0, i1, p.key_end(i1), src.query_tile(i0, i1, torch.float32 if src.tile_needs_fp32(i0, i1) else None)
+
+
 class TileOutputs:
     """The result of a forward: O (B, Hkv, G, Lq, Ev) in the input dtype and, for the backward, the fp32 row
     statistics L = m + log l (log-sum-exp; +inf for rows with no visible key, so exp(s - L) = 0 there) and m."""

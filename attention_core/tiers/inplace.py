@@ -7,16 +7,13 @@ from __future__ import annotations
 import torch
 
 from ..numerics import flush_to_zero_, safe_max
-from ..tiles import TileOutputs, TileSource
+from ..tiles import TileOutputs, TileSource, query_tiles
 
 
 def forward(src: TileSource, block_q: int, block_kv: int, need_stats: bool) -> TileOutputs:
     p, num = src.p, src.num
     res = TileOutputs(p, num, need_stats)
-    for i0 in range(0, p.Lq, block_q):
-        i1 = min(p.Lq, i0 + block_q)
-        kend = p.key_end(i1)
-        qt = src.query_tile(i0, i1, torch.float32 if src.tile_needs_fp32(i0, i1) else None)
+    for i0, i1, kend, qt in query_tiles(src, block_q):
         s = src.scores(qt, i0, i1, 0, kend)
         m = s.amax(-1, keepdim=True)
         s.sub_(safe_max(m))

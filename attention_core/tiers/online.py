@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..numerics import flush_to_zero_, safe_max
-from ..tiles import TileOutputs, TileSource
+from ..tiles import TileOutputs, TileSource, query_tiles
 
 
 def forward(src: TileSource, block_q: int, block_kv: int, need_stats: bool) -> TileOutputs:
@@ -19,11 +19,8 @@ def forward(src: TileSource, block_q: int, block_kv: int, need_stats: bool) -> T
     res = TileOutputs(p, num, need_stats)
     st = num.stats
     pv_dtype = torch.float32 if src.pv_needs_fp32(block_kv) else num.compute
-    for i0 in range(0, p.Lq, block_q):
-        i1 = min(p.Lq, i0 + block_q)
+    for i0, i1, kend, qt in query_tiles(src, block_q):
         bq, rows = i1 - i0, p.G * (i1 - i0)
-        kend = p.key_end(i1)
-        qt = src.query_tile(i0, i1, torch.float32 if src.tile_needs_fp32(i0, i1) else None)
         m = torch.full((p.B, p.Hkv, p.G, bq, 1), float("-inf"), dtype=st, device=p.device)
         l = torch.zeros_like(m)
         acc = torch.zeros(p.B, p.Hkv, p.G, bq, p.Ev, dtype=st, device=p.device)
