@@ -290,9 +290,10 @@ def _plot(rows, path):
                          and "ms" in r)
             if not pts:
                 continue
-            style = "-" if m in ("chunked", "inplace", "online") else "--"
-            row[0].plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", label=m)
-            row[1].plot([p[0] for p in pts], [max(p[2], 0.1) for p in pts], style, marker="o", label=m)
+            style = dict(linestyle="-" if m in ("chunked", "inplace", "online") else "--", marker="o", label=m,
+                         color=f"C{METHODS.index(m) % 10}")  # one colour per method in every panel
+            row[0].plot([p[0] for p in pts], [p[1] for p in pts], **style)
+            row[1].plot([p[0] for p in pts], [max(p[2], 0.1) for p in pts], **style)
         title = "forward" if mode == "fwd" else "forward + backward"
         for ax, what in zip(row, ("time (ms)", "peak extra memory (MB)")):
             ax.set_xscale("log", base=2)
@@ -326,9 +327,18 @@ def main(argv=None):
     ap.add_argument("--comfyui", default=os.environ.get("COMFYUI_PATH"), help="ComfyUI folder for its attention")
     ap.add_argument("--json", help="write all results here")
     ap.add_argument("--plot", help="write a PNG of time and memory against N here")
+    ap.add_argument("--from-json", help="print the tables (and --plot) of a saved --json run, running nothing")
     a = ap.parse_args(argv)
     if a.case:
         print(json.dumps(run_case(json.loads(a.case))))
+        return 0
+    if a.from_json:
+        with open(a.from_json) as f:
+            rows = json.load(f)["results"]
+        for mode in ("fwd", "fwdbwd"):
+            print(_table(rows, mode))
+        if a.plot and _plot(rows, a.plot):
+            print(f"wrote {a.plot}")
         return 0
     import torch
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
