@@ -21,8 +21,10 @@ class TileSource:
         self.p = p
         self.num = num
         cd = num.compute
-        self.k = p.k4 if p.k4.dtype == cd else p.k4.to(cd)
-        self.v = p.v4 if p.v4.dtype == cd else p.v4.to(cd)
+        # contiguous once: ComfyUI hands heads as a transposed view of [B, N, H*D], and a batched matmul on such
+        # a view (or on a head group of it) would copy K or V again for every tile
+        self.k = p.k4.to(cd).contiguous()
+        self.v = p.v4.to(cd).contiguous()
         self._k32 = None
         self._v32 = None
         # fp16 can overflow in the score GEMM (|q.k| * scale > 65504) and in P @ V over many keys.
