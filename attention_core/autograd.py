@@ -39,7 +39,9 @@ class TiledAttention(torch.autograd.Function):
         q5, k4, v4, mask5, out, lse, rowmax = ctx.saved_tensors
         p = dataclasses.replace(ctx.problem, q5=q5, k4=k4, v4=v4, mask5=mask5)
         need_dmask = bool(ctx.needs_input_grad[3])
-        dq, dk, dv, dm = run_backward(p, ctx.num, ctx.cfg, out, lse, rowmax, dout, need_dmask)
+        from .sdpa import no_autocast
+        with no_autocast(dout.device.type):
+            dq, dk, dv, dm = run_backward(p, ctx.num, ctx.cfg, out, lse, rowmax, dout, need_dmask)
         return dq, dk, dv, dm, None, None, None
 
 

@@ -1,6 +1,7 @@
 """The drop-in entry point: torch's SDPA semantics, dtype policy, tier choice and out-of-memory retries."""
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Optional
@@ -45,18 +46,43 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     for name, b in (("block_q", block_q), ("block_kv", block_kv)):
         if b is not None and (not isinstance(b, int) or b < 1):
             raise ValueError(f"{name} must be a positive int, got {b!r}")
-    p = normalize(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    num = choose_numerics(p.dtype, p.device, precision, (query, key, value), flush_to_zero)
-    cfg = CallConfig(tier, block_q, block_kv, memory_budget)
-    if p.Lq == 0 or p.B == 0 or p.Lk == 0 or p.dropout_p >= 1.0:
-        out5 = _zeros(p)
-    elif torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (p.q5, p.k4, p.v4, p.mask5)):
-        out5 = TiledAttention.apply(p.q5, p.k4, p.v4, p.mask5, p, num, cfg)
-    else:
-        with torch.no_grad():
-            out5 = run_forward(p, num, cfg, need_stats=False).out
-    out = out5.reshape(p.out_shape)
+    query, key, value = autocast_inputs(query, key, value)
+    with no_autocast(query.device.type):
+        p = normalize(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        num = choose_numerics(p.dtype, p.device, precision, (query, key, value), flush_to_zero)
+        cfg = CallConfig(tier, block_q, block_kv, memory_budget)
+        if p.Lq == 0 or p.B == 0 or p.Lk == 0 or p.dropout_p >= 1.0:
+            out5 = _zeros(p)
+        elif torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (p.q5, p.k4, p.v4, p.mask5)):
+            out5 = TiledAttention.apply(p.q5, p.k4, p.v4, p.mask5, p, num, cfg)
+        else:
+            with torch.no_grad():
+                out5 = run_forward(p, num, cfg, need_stats=False).out
+        out = out5.reshape(p.out_shape)
     return out.squeeze(0) if p.squeeze_2d else out
+
+
+def _autocast_on(device_type: str) -> bool:
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except (TypeError, RuntimeError):  # older torch / a device type without autocast
+        return device_type == "cuda" and torch.is_autocast_enabled()
+
+
+def autocast_inputs(*tensors):
+    """Under autocast torch's SDPA runs in the autocast dtype (fp32 inputs are cast down); so does this."""
+    device_type = tensors[0].device.type
+    if not _autocast_on(device_type):
+        return tensors
+    dt = torch.get_autocast_dtype(device_type)
+    return tuple(t.to(dt) if isinstance(t, torch.Tensor) and t.dtype == torch.float32 else t for t in tensors)
+
+
+def no_autocast(device_type: str):
+    """The engine picks every dtype itself (fp32 tiles of the overflow guard must stay fp32)."""
+    if not _autocast_on(device_type):
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, enabled=False)
 
 
 def _zeros(p: AttentionProblem) -> torch.Tensor:

@@ -117,3 +117,18 @@ def test_dropout_is_reproducible_and_independent_of_tiling():
 def test_dropout_one_gives_zeros():
     q = torch.randn(1, 2, 4, 8)
     assert torch.equal(sdpa(q, q, q, dropout_p=1.0), torch.zeros(1, 2, 4, 8))
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_autocast_like_torch_and_tiles_keep_their_dtype(tier):
+    """Under autocast torch's SDPA computes in the autocast dtype; the engine does the same, and autocast does
+    not reach inside it (its fp32 tiles stay fp32)."""
+    torch.manual_seed(13)
+    q, k, v = torch.randn(1, 2, 20, 16), torch.randn(1, 2, 24, 16), torch.randn(1, 2, 24, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        got = sdpa(q, k, v, tier=tier, block_q=8, block_kv=8, precision="fp32")
+    assert got.dtype == want.dtype == torch.bfloat16
+    ref = reference(q.bfloat16(), k.bfloat16(), v.bfloat16())
+    rel = ((got.double() - ref).abs() / ref.abs().clamp(min=1e-3)).max()
+    assert rel <= 2 ** -8  # within bf16's final rounding: with autocast inside, bf16 matmuls gave ~2x that
