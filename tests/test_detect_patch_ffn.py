@@ -140,3 +140,10 @@ def test_chunk_ffn_auto_count_from_memory(monkeypatch):
     x = torch.randn(1, 4096, 32)
     assert w.chunk_count(x) > 1
     assert torch.allclose(ffn(x), w.forward(x), atol=1e-6)
+
+
+def test_selfcheck_passes_on_this_device(capsys):
+    from attention_core import selfcheck
+    assert selfcheck.main(["--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "needs tiled attention" in out and "all cases within tolerance" in out and "BAD" not in out
