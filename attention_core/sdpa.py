@@ -46,6 +46,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     for name, b in (("block_q", block_q), ("block_kv", block_kv)):
         if b is not None and (not isinstance(b, int) or b < 1):
             raise ValueError(f"{name} must be a positive int, got {b!r}")
+    if not isinstance(query, torch.Tensor):
+        raise TypeError(f"scaled_dot_product_attention: query must be a tensor, got {type(query).__name__}")
     query, key, value = autocast_inputs(query, key, value)
     with no_autocast(query.device.type):
         p = normalize(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)

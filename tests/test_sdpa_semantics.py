@@ -155,3 +155,13 @@ def test_random_sweep(seed):
         out = sdpa(q, k, v, mask, is_causal=causal, scale=scale, enable_gqa=gqa, tier=tier,
                    block_q=r.randint(1, 9), block_kv=r.randint(1, 9))
         check(out, ref)
+
+
+def test_non_tensor_arguments_are_named():
+    q = rnd(1, 2, 4, 8)
+    with pytest.raises(TypeError, match="query"):
+        sdpa([1, 2], q, q)
+    with pytest.raises(TypeError, match="key"):
+        sdpa(q, None, q)
+    with pytest.raises(TypeError, match="attn_mask"):
+        sdpa(q, q, q, attn_mask=[[True]])
