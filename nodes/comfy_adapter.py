@@ -69,11 +69,13 @@ def to_heads(call: dict, enable_gqa: bool):
     if call["skip_reshape"]:
         return q, k, v
     b = q.shape[0]
+    if heads <= 0 or q.shape[-1] % heads:
+        raise ValueError(f"Patch Attention (tiled): q of shape {tuple(q.shape)} does not split into {heads} heads")
     dim_head = q.shape[-1] // heads
     kv_heads = k.shape[-1] // dim_head if enable_gqa else heads
-    q = q.view(b, -1, heads, dim_head).transpose(1, 2)
-    k = k.view(b, -1, kv_heads, dim_head).transpose(1, 2)
-    v = v.view(b, -1, kv_heads, v.shape[-1] // kv_heads).transpose(1, 2)
+    q = q.reshape(b, -1, heads, dim_head).transpose(1, 2)
+    k = k.reshape(b, -1, kv_heads, dim_head).transpose(1, 2)
+    v = v.reshape(b, -1, kv_heads, v.shape[-1] // kv_heads).transpose(1, 2)
     return q, k, v
 
 
