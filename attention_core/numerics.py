@@ -31,10 +31,6 @@ class Numerics:
     stats: torch.dtype  # dtype of m, l, L and the online accumulator
     ftz: bool
 
-    @property
-    def half(self) -> bool:
-        return self.compute in HALF
-
 
 def stats_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32

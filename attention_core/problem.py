@@ -64,11 +64,6 @@ class AttentionProblem:
         return self.v4.shape[3]
 
     @property
-    def rows_per_query(self) -> int:
-        """Score rows one query position produces: B * Hq."""
-        return self.B * self.Hkv * self.G
-
-    @property
     def device(self) -> torch.device:
         return self.q5.device
 

@@ -153,12 +153,6 @@ def run_engine(settings: PatchSettings, call: dict, kwargs: dict) -> torch.Tenso
     return out.transpose(1, 2).reshape(b, n, h * d)
 
 
-def installed_settings(model_options: dict) -> Optional[PatchSettings]:
-    """The settings of this pack's override on a model, if one is installed."""
-    fn = model_options.get("transformer_options", {}).get(OVERRIDE_KEY)
-    return getattr(fn, MARK, None)
-
-
 def install(model_patcher, settings: PatchSettings):
     """A clone of `model_patcher` with the engine as its attention override (the original is untouched).
     An override already on the model (another pack's) is kept as the fallback for calls we pass through;
