@@ -17,7 +17,7 @@ from torch.autograd.function import once_differentiable
 from .memory import AttentionMemoryError, plan_backward, tile_budget
 from .numerics import FP16_SAFE, FTZ_THRESHOLD, row_norm_max
 from .oom import is_oom, release_cached
-from .tiles import TileSource
+from .tiles import TileSource, lazy_source
 
 log = logging.getLogger(__name__)
 
@@ -47,13 +47,13 @@ class TiledAttention(torch.autograd.Function):
 
 def run_backward(p, num, cfg, out, lse, rowmax, dout, need_dmask):
     """Gradients for q5, k4, v4 (and mask5), retrying with smaller tiles on out-of-memory."""
-    src = TileSource(p, num)
+    whole = lazy_source(p, num)  # not built when the plan splits heads
     budget = tile_budget(p.device, cfg.memory_budget)
     plan = plan_backward(p, num, budget, cfg.block_q, cfg.block_kv)
     while plan is not None:
         try:
             if plan.block_h >= p.Hkv:
-                return _backward(src, out, lse, rowmax, dout, plan.block_q, plan.block_kv, need_dmask)
+                return _backward(whole(), out, lse, rowmax, dout, plan.block_q, plan.block_kv, need_dmask)
             return _backward_by_heads(p, num, out, lse, rowmax, dout, plan, need_dmask)
         except Exception as e:  # noqa: BLE001 - only out-of-memory is retried
             if not is_oom(e):

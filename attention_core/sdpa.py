@@ -14,7 +14,7 @@ from .numerics import Numerics, choose_numerics
 from .oom import is_oom, release_cached
 from .problem import AttentionProblem, normalize
 from .tiers import ORDER, TIERS
-from .tiles import TileOutputs, TileSource
+from .tiles import TileOutputs, TileSource, lazy_source
 
 log = logging.getLogger(__name__)
 
@@ -95,10 +95,11 @@ def _zeros(p: AttentionProblem) -> torch.Tensor:
     return z
 
 
-def _run_tier(fn, p: AttentionProblem, num: Numerics, src: TileSource, plan, need_stats: bool) -> TileOutputs:
-    """One tier over the whole problem, head group by head group when the plan splits heads."""
+def _run_tier(fn, p: AttentionProblem, num: Numerics, whole, plan, need_stats: bool) -> TileOutputs:
+    """One tier over the whole problem (`whole()` gives its TileSource), head group by head group when the plan
+    splits heads (then each group gets its own TileSource and the whole one is never built)."""
     if plan.block_h >= p.Hkv:
-        return fn(src, plan.block_q, plan.block_kv, need_stats)
+        return fn(whole(), plan.block_q, plan.block_kv, need_stats)
     res = TileOutputs(p, num, need_stats)
     for h0 in range(0, p.Hkv, plan.block_h):
         h1 = min(p.Hkv, h0 + plan.block_h)
@@ -113,7 +114,7 @@ def _run_tier(fn, p: AttentionProblem, num: Numerics, src: TileSource, plan, nee
 
 def run_forward(p: AttentionProblem, num: Numerics, cfg: CallConfig, need_stats: bool) -> TileOutputs:
     """Run the chosen tier; on out-of-memory retry with smaller tiles, then the next tier down."""
-    src = TileSource(p, num)
+    whole = lazy_source(p, num)
     budget = tile_budget(p.device, cfg.memory_budget)
     start = 0 if cfg.tier == "auto" else ORDER.index(cfg.tier)
     for tier in ORDER[start:]:
@@ -122,7 +123,7 @@ def run_forward(p: AttentionProblem, num: Numerics, cfg: CallConfig, need_stats:
             log.debug("tier %s does not fit %d MB for %s", tier, budget >> 20, p.describe())
         while plan is not None:
             try:
-                return _run_tier(TIERS[tier], p, num, src, plan, need_stats)
+                return _run_tier(TIERS[tier], p, num, whole, plan, need_stats)
             except Exception as e:  # noqa: BLE001 - only out-of-memory is retried
                 if not is_oom(e):
                     raise

@@ -98,6 +98,17 @@ class TileSource:
         return v[:, :, j0:j1]
 
 
+def lazy_source(p: AttentionProblem, num: Numerics):
+    """A function giving the problem's TileSource, built on first use and kept (it copies K and V)."""
+    built = []
+
+    def source() -> "TileSource":
+        if not built:
+            built.append(TileSource(p, num))
+        return built[0]
+    return source
+
+
 def query_tiles(src: "TileSource", block_q: int):
     """(i0, i1, key_end, scaled query tile) for each query tile; a tile the overflow guard flags is fp32."""
     p = src.p

@@ -13,22 +13,22 @@ def pack():
     return load_pack()
 
 
+def load_tiny(tmp_path_factory, writer, name, model_config):
+    """A tiny model file written by `writer`, loaded by ComfyUI's own loader, checked to be detected right."""
+    import comfy.sd
+    model = comfy.sd.load_diffusion_model(writer(str(tmp_path_factory.mktemp("models") / name)))
+    assert type(model.model.model_config).__name__ == model_config
+    return model
+
+
 @pytest.fixture(scope="module")
 def wan(tmp_path_factory, pack):
-    import comfy.sd
-    path = write_wan22_5b(str(tmp_path_factory.mktemp("models") / "wan22_tiny.safetensors"))
-    model = comfy.sd.load_diffusion_model(path)
-    assert type(model.model.model_config).__name__ == "WAN22_T2V"
-    return model
+    return load_tiny(tmp_path_factory, write_wan22_5b, "wan22_tiny.safetensors", "WAN22_T2V")
 
 
 @pytest.fixture(scope="module")
 def ltxv(tmp_path_factory, pack):
-    import comfy.sd
-    path = write_ltxv(str(tmp_path_factory.mktemp("models") / "ltxv_tiny.safetensors"))
-    model = comfy.sd.load_diffusion_model(path)
-    assert type(model.model.model_config).__name__ == "LTXV"
-    return model
+    return load_tiny(tmp_path_factory, write_ltxv, "ltxv_tiny.safetensors", "LTXV")
 
 
 def patch_node(pack, model, mode="chunked", budget=0, half="keep", min_tokens=0):
