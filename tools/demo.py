@@ -3,7 +3,7 @@
     ./dev demo                       # tiny-architecture models, sized so a CPU finishes in minutes
     ./dev demo --models ~/ComfyUI/models --steps 20 --full-size   # your real Wan 2.2 5B weights
 
-It starts ComfyUI (COMFYUI_PATH, else the pinned stock 0.3.75 that the tests use) on the best device here,
+It starts ComfyUI (COMFYUI_LATEST_PATH, else the pinned stock 0.33.0 that the tests use) on the best device here,
 writes tiny random-weight Wan 2.2 5B / UMT5 / Wan 2.2 VAE files when no real weights are given, runs the
 workflow twice (ComfyUI's own attention, then Patch Attention) and prints time and peak memory side by side.
 """
@@ -14,13 +14,9 @@ import shutil
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
-
-from comfy_harness import ROOT, comfy_path  # noqa: E402
-from comfy_server import ComfyServer  # noqa: E402
-from prompt_tools import output_files, resized, without_patch, workflow_api  # noqa: E402
+from .comfy_server import ComfyServer
+from .comfyui import LATEST, ROOT, comfy_path, import_comfy
+from .prompt_tools import output_files, resized, without_patch, workflow_api
 
 WORKFLOW = os.path.join(ROOT, "workflows", "wan22_5b_t2v_480p.json")
 FILES = {"diffusion_models": "wan2.2_ti2v_5B_fp16.safetensors",
@@ -108,9 +104,9 @@ def main(argv=None):
     ap.add_argument("--mode", default=None, help="Patch Attention mode (default: auto on GPUs that need it, "
                                                  "else chunked, since this CPU has a fused backend)")
     a = ap.parse_args(argv)
-    if comfy_path() is None:
+    if comfy_path(LATEST) is None:
         raise SystemExit("[demo] no ComfyUI: run it as ./dev demo (it fetches the pinned stock ComfyUI) or set "
-                         "COMFYUI_PATH")
+                         "COMFYUI_LATEST_PATH")
     os.makedirs(a.workdir, exist_ok=True)
     models = os.path.join(a.workdir, "models")
     gpu = has_gpu()
@@ -128,12 +124,11 @@ def main(argv=None):
     else:
         say("no real weights given: writing tiny random-weight models of the real architectures "
             "(Wan 2.2 TI2V-5B DiT, UMT5 text encoder, Wan 2.2 VAE); the video will be noise")
-        import comfy_harness
-        comfy_harness.require_comfy()
-        from tiny_models import write_wan22_model_set
+        import_comfy(LATEST)
+        from .tiny_models import write_wan22_model_set
         write_wan22_model_set(models)
     shutil.rmtree(os.path.join(a.workdir, "output", "demo"), ignore_errors=True)
-    say(f"starting ComfyUI from {comfy_path()} on the {'GPU' if gpu else 'CPU'} (log: {a.workdir}/server.log)")
+    say(f"starting ComfyUI from {comfy_path(LATEST)} on the {'GPU' if gpu else 'CPU'} (log: {a.workdir}/server.log)")
     with ComfyServer(a.workdir, cpu=not gpu) as server:
         say(f"ComfyUI is up at {server.url}")
         with open(WORKFLOW) as f:

@@ -22,8 +22,9 @@ import urllib.request
 
 import pytest
 
-from comfy_harness import ROOT, require_comfy
-from comfy_server import ComfyServer
+from comfy_harness import require_comfy
+from tools.comfyui import ROOT
+from tools.comfy_server import ComfyServer
 
 CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
 ARTIFACTS = os.path.join(ROOT, "test-artifacts", "browser")

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from comfy_harness import comfy_nodes, load_pack, require_comfy
-from tiny_models import write_ltxv, write_wan22_5b
+from tools.tiny_models import write_ltxv, write_wan22_5b
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
-"""The real ComfyUI server in a subprocess, with this pack (and the tiny-model loader shim) in its custom_nodes,
-a temporary base directory for models/input/output, and the /prompt + /history API."""
+"""A real ComfyUI server (either test version) in a subprocess, with this pack (and the tiny-model loader shim) in
+its custom_nodes, a temporary base directory for models/input/output, and the /prompt + /history API."""
 import json
 import os
 import socket
@@ -9,9 +9,9 @@ import time
 import urllib.error
 import urllib.request
 
-from comfy_harness import ROOT, comfy_path
+from .comfyui import FRONTENDS, LATEST, ROOT, comfy_path
 
-FIXTURES = os.path.join(ROOT, "tests", "fixtures")
+TOOLS = os.path.dirname(os.path.abspath(__file__))
 
 
 def free_port():
@@ -21,7 +21,12 @@ def free_port():
 
 
 class ComfyServer:
-    def __init__(self, base_dir, extra_custom_nodes=("tiny_model_loaders",), args=(), cpu=True):
+    def __init__(self, base_dir, extra_custom_nodes=("tiny_model_loaders",), args=(), cpu=True, version=LATEST,
+                 pack_dir=ROOT):
+        self.version = version
+        self.path = comfy_path(version)
+        if self.path is None:
+            raise RuntimeError(f"ComfyUI {version} is not set up (./dev setup)")
         self.base = str(base_dir)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -29,11 +34,14 @@ class ComfyServer:
         custom = os.path.join(self.base, "custom_nodes")
         os.makedirs(custom, exist_ok=True)
         os.makedirs(os.path.join(self.base, "models"), exist_ok=True)
-        links = {"tiled-attention": ROOT, **{n: os.path.join(FIXTURES, n) for n in extra_custom_nodes}}
+        links = {"tiled-attention": pack_dir, **{n: os.path.join(TOOLS, n) for n in extra_custom_nodes}}
         for name, target in links.items():
             if not os.path.lexists(os.path.join(custom, name)):
                 os.symlink(target, os.path.join(custom, name))
         self.args = (["--cpu"] if cpu else []) + list(args)
+        frontend = FRONTENDS.get(version)
+        if frontend and os.path.isdir(frontend) and "--front-end-root" not in self.args:
+            self.args += ["--front-end-root", frontend]
         self.proc = None
 
     def start(self, timeout=240):
@@ -42,7 +50,7 @@ class ComfyServer:
                *self.args]
         self._log = open(self.log_path, "w")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen(cmd, cwd=comfy_path(), stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(cmd, cwd=self.path, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:

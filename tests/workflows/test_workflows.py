@@ -18,14 +18,11 @@ import threading
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
-
-import workflow_schema as ws  # noqa: E402
+import workflow_schema as ws
 
 wapi = ws.wapi
 ROOT = ws.ROOT
+WORKFLOW_API_PATH = os.path.join(ROOT, "tools", "workflow_api.py")
 WORKFLOW_DIR = os.path.join(ROOT, "workflows")
 WORKFLOWS = sorted(glob.glob(os.path.join(WORKFLOW_DIR, "*.json")))
 IDS = [os.path.basename(p) for p in WORKFLOWS]
@@ -419,7 +416,7 @@ def test_converter_wraps_list_values(oi_new):
 # --------------------------------------------------------------------------
 
 def test_converter_imports_only_the_stdlib():
-    tree = ast.parse(open(ws.WORKFLOW_API_PATH, encoding="utf-8").read())
+    tree = ast.parse(open(WORKFLOW_API_PATH, encoding="utf-8").read())
     mods = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -439,7 +436,7 @@ def _merged_object_info_file(tmp_path):
 def test_cli_prints_the_prompt(tmp_path, oi_new):
     wf_path = os.path.join(WORKFLOW_DIR, "wan22_5b_i2v_480p.json")
     oi_path = _merged_object_info_file(tmp_path)
-    out = subprocess.run([sys.executable, ws.WORKFLOW_API_PATH, wf_path, "--object-info", str(oi_path)],
+    out = subprocess.run([sys.executable, WORKFLOW_API_PATH, wf_path, "--object-info", str(oi_path)],
                          capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == wapi.workflow_to_prompt(load(wf_path), oi_new)
@@ -448,7 +445,7 @@ def test_cli_prints_the_prompt(tmp_path, oi_new):
 def test_cli_reports_types_missing_from_object_info(tmp_path):
     _need(ws.OBJECT_INFO_NEW)
     wf_path = os.path.join(WORKFLOW_DIR, "wan22_5b_t2v_480p.json")
-    out = subprocess.run([sys.executable, ws.WORKFLOW_API_PATH, wf_path, "--object-info", ws.OBJECT_INFO_NEW],
+    out = subprocess.run([sys.executable, WORKFLOW_API_PATH, wf_path, "--object-info", ws.OBJECT_INFO_NEW],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "TiledAttentionPatch" in out.stderr
@@ -486,7 +483,7 @@ def test_cli_queues_against_a_server(oi_new):
     thread.start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
-        out = subprocess.run([sys.executable, ws.WORKFLOW_API_PATH, wf_path, "--server", url, "--queue"],
+        out = subprocess.run([sys.executable, WORKFLOW_API_PATH, wf_path, "--server", url, "--queue"],
                              capture_output=True, text=True, timeout=60)
     finally:
         server.shutdown()

@@ -8,32 +8,20 @@ the node id, node type and, where it applies, the input.
 pack's nodes, so a stock server's /object_info can be merged with it
 (``merged_object_info``) to validate the bundled workflows without a server.
 
-Widget-value matching is shared with ``nodes/workflow_api.py`` (loaded by path,
-never as ``nodes``: that name is ComfyUI's own nodes.py).
+Widget-value matching is shared with ``tools/workflow_api.py``.
 """
 
 import copy
-import importlib.util
 import json
 import os
 import re
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tools import workflow_api as wapi
+from tools.comfyui import ROOT
+
 SHARED_COMFYUI = os.path.join(os.path.dirname(ROOT), "shared", "comfyui")
 OBJECT_INFO_NEW = os.path.join(SHARED_COMFYUI, "object_info-0.33.0.json")
 OBJECT_INFO_OLD = os.path.join(SHARED_COMFYUI, "object_info-0.3.75.json")
-WORKFLOW_API_PATH = os.path.join(ROOT, "nodes", "workflow_api.py")
-
-
-def load_workflow_api():
-    """Import nodes/workflow_api.py by path (it only needs the stdlib)."""
-    spec = importlib.util.spec_from_file_location("tiled_attention_workflow_api", WORKFLOW_API_PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-wapi = load_workflow_api()
 
 FRONTEND_ONLY_TYPES = wapi.FRONTEND_ONLY_TYPES
 NOTE_TYPES = frozenset({"Note", "MarkdownNote"})

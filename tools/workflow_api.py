@@ -5,13 +5,13 @@ API-format prompt (what ``POST /prompt`` takes).
 Library use (load this file by path; it imports nothing but the stdlib)::
 
     import importlib.util
-    spec = importlib.util.spec_from_file_location("workflow_api", "nodes/workflow_api.py")
+    spec = importlib.util.spec_from_file_location("workflow_api", "tools/workflow_api.py")
     workflow_api = importlib.util.module_from_spec(spec); spec.loader.exec_module(workflow_api)
     prompt = workflow_api.workflow_to_prompt(workflow, object_info)
 
 Command line::
 
-    python nodes/workflow_api.py WORKFLOW.json [--object-info FILE | --server URL] [--queue]
+    python tools/workflow_api.py WORKFLOW.json [--object-info FILE | --server URL] [--queue]
 
 Without ``--queue`` the prompt is printed (or written with ``-o``).  With
 ``--queue`` it is posted to ``SERVER/prompt`` as ``{"prompt": ..., "extra_data":

@@ -1,5 +1,4 @@
 """Editing API-format prompts of the bundled workflows: test sizes, removing Patch Attention, reading outputs."""
-import importlib.util
 import json
 import os
 
@@ -7,10 +6,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def workflow_api():
-    """nodes/workflow_api.py (the pack's UI -> API converter), loaded by path: it needs no ComfyUI."""
-    spec = importlib.util.spec_from_file_location("workflow_api", os.path.join(ROOT, "nodes", "workflow_api.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    """tools/workflow_api.py, the UI -> API converter (stdlib only)."""
+    from . import workflow_api as mod
     return mod
 
 

@@ -1,5 +1,5 @@
 """The pack inside the real ComfyUI 0.3.75 server: loaded by its own loader, listed in /object_info, and the
-bundled Wan 2.2 workflow (converted by nodes/workflow_api.py) queued through /prompt with tiny models of the
+bundled Wan 2.2 workflow (converted by tools/workflow_api.py) queued through /prompt with tiny models of the
 real architectures. The same prompt without Patch Attention gives the same frames."""
 import json
 import os
@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from comfy_harness import ROOT, require_comfy
-from comfy_server import ComfyServer
-from prompt_tools import output_files, resized, without_patch, workflow_api
+from comfy_harness import require_comfy
+from tools.comfyui import ROOT
+from tools.comfy_server import ComfyServer
+from tools.prompt_tools import output_files, resized, without_patch, workflow_api
 
 WAN_T2V = os.path.join(ROOT, "workflows", "wan22_5b_t2v_480p.json")
 
@@ -18,7 +19,7 @@ WAN_T2V = os.path.join(ROOT, "workflows", "wan22_5b_t2v_480p.json")
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     require_comfy()
-    from tiny_models import write_wan22_model_set
+    from tools.tiny_models import write_wan22_model_set
     base = tmp_path_factory.mktemp("comfy")
     write_wan22_model_set(str(base / "models"))
     srv = ComfyServer(base)

@@ -1,0 +1,45 @@
+"""A real ComfyUI inside the test process (one version per process: tools.comfyui.inprocess_version()), and this
+pack loaded the way ComfyUI loads a custom node folder (a package under its own name)."""
+import importlib.util
+import os
+import sys
+
+import pytest
+
+from tools.comfyui import ROOT, comfy_path, import_comfy, inprocess_version
+
+PACK_NAME = "tiled_attention_pack"
+
+
+def missing(what):
+    """Skip for a missing tool, server or file; under CI=true that is a failure instead (CI must run it all)."""
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{what} (under CI=true a missing prerequisite fails instead of skipping)")
+    pytest.skip(what)
+
+
+def require_comfy(version=None):
+    """Import ComfyUI (CPU mode) once; skip (fail under CI) when it was not set up."""
+    version = version or inprocess_version()
+    if comfy_path(version) is None:
+        missing(f"no ComfyUI {version}: run the suite with ./dev test (it sets up the stock ComfyUIs)")
+    return import_comfy(version)
+
+
+def load_pack():
+    """This repository as ComfyUI imports a custom node folder: a package with its own name."""
+    require_comfy()
+    if PACK_NAME in sys.modules:
+        return sys.modules[PACK_NAME]
+    spec = importlib.util.spec_from_file_location(PACK_NAME, os.path.join(ROOT, "__init__.py"),
+                                                  submodule_search_locations=[ROOT])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[PACK_NAME] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def comfy_nodes():
+    require_comfy()
+    import nodes
+    return nodes
