@@ -4,7 +4,7 @@ import torch
 
 from attention_core import scaled_dot_product_attention as sdpa
 from attention_core.numerics import FTZ_THRESHOLD, choose_numerics
-from reference import reference
+from reference import math_sdpa, reference
 
 TIERS = ["chunked", "inplace", "online"]
 
@@ -48,10 +48,16 @@ def test_flush_to_zero_makes_negligible_keys_weigh_nothing(tier):
     v[..., 1:, :] = 1000.0
     out16 = sdpa(q.half(), k.half(), v.half(), tier=tier, precision="keep", block_q=2, block_kv=4096)
     assert torch.equal(out16.float(), torch.ones(1, 1, 2, 4))
-    out32 = sdpa(q, k, v, tier=tier, block_q=2, block_kv=4096)  # fp32: exact to torch, no flushing
-    ref = reference(q, k, v)
-    assert (out32.double() - ref).abs().max() < 1e-4 * ref.abs().max()
-    assert (out32 - 1).abs().max() > 1e-4  # 20000 * e^-25 * 1000: torch keeps them, so does fp32
+    # fp32 keeps them, as torch does. Values of 1e5 make each negligible key's share (e^-25 * 1e5 = 1.4e-6) large
+    # enough to survive fp32 accumulation in any summation order (1000 does not: MKL's sequential sum drops
+    # 1.4e-8 steps against 1.0), so the check does not depend on which BLAS runs the matmuls.
+    v32 = v.clone()
+    v32[..., 1:, :] = 1e5
+    out32 = sdpa(q, k, v32, tier=tier, block_q=2, block_kv=4096)
+    ref = reference(q, k, v32)
+    torch_err = (math_sdpa(q, k, v32).double() - ref).abs().max()
+    assert (out32.double() - ref).abs().max() <= max(2 * torch_err, 1e-6 * ref.abs().max())
+    assert (out32 - 1).abs().min() > 0.02  # 20000 * e^-25 * 1e5 = 0.028 of the output: not flushed in fp32
 
 
 def test_flush_to_zero_threshold_is_exact_zero_below():
