@@ -13,7 +13,8 @@ def workflow_api():
 
 def resized(prompt, prefix, size=None, frames=None, steps=None, mode=None, min_tokens=None):
     """A copy with the latent size / frames / steps / Patch Attention settings replaced where given, outputs
-    under `prefix`, and every decoded frame also saved as PNG (lossless, for comparisons)."""
+    under `prefix`, every decoded frame also saved as PNG and the latent each decoder reads saved as
+    `<prefix>/latent*.latent` (lossless, for comparisons)."""
     p = json.loads(json.dumps(prompt))
     for node in p.values():
         ct, inp = node["class_type"], node["inputs"]
@@ -38,7 +39,19 @@ def resized(prompt, prefix, size=None, frames=None, steps=None, mode=None, min_t
     if decoders:
         p["9001"] = {"class_type": "SaveImage", "inputs": {"images": [decoders[0], 0],
                                                             "filename_prefix": f"{prefix}/frame"}}
+        for i, nid in enumerate(decoders):
+            p[str(9100 + i)] = {"class_type": "SaveLatent", "inputs": {"samples": p[nid]["inputs"]["samples"],
+                                                                       "filename_prefix": f"{prefix}/latent{i}"}}
     return p
+
+
+def saved_latents(base, prefix):
+    """The latents a prompt made by `resized(..., prefix)` saved, in decoder order, as float32 tensors."""
+    import glob
+
+    from safetensors.torch import load_file
+    paths = sorted(glob.glob(os.path.join(base, "output", prefix, "latent*.latent")))
+    return [load_file(p)["latent_tensor"].float() for p in paths]
 
 
 def without_patch(prompt):

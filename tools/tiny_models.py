@@ -24,14 +24,22 @@ def fill_random(sd, seed=0, std=0.02):
     return out
 
 
-def wan22_5b_state_dict(heads=2, layers=2, ffn_dim=64, seed=0):
-    """A Wan 2.2 TI2V-5B-architecture DiT (the real 5B: 24 heads, 30 layers, ffn 14336)."""
+def wan22_5b_state_dict(heads=2, layers=2, ffn_dim=64, seed=0, qk_gain=2.5):
+    """A Wan 2.2 TI2V-5B-architecture DiT (the real 5B: 24 heads, 30 layers, ffn 14336).
+
+    Wan RMS-normalises q and k over the model width, so logits have a standard deviation of about qk_gain**2:
+    2.5 makes attention far from uniform, so the sampled latents depend strongly on it (uniform attention moves
+    them by about half their standard deviation)."""
     import comfy.ldm.wan.model as wan
     import comfy.ops
     m = wan.WanModel(model_type="t2v", patch_size=(1, 2, 2), in_dim=48, out_dim=48, dim=128 * heads,
                      ffn_dim=ffn_dim, num_heads=heads, num_layers=layers, text_dim=4096, freq_dim=256,
                      operations=comfy.ops.disable_weight_init, device="cpu", dtype=torch.float32)
-    return fill_random(m.state_dict(), seed=seed, std=0.05)
+    sd = fill_random(m.state_dict(), seed=seed, std=0.05)
+    for k in sd:
+        if k.endswith(("norm_q.weight", "norm_k.weight")):
+            sd[k] = torch.full_like(sd[k], qk_gain)
+    return sd
 
 
 def write_wan22_5b(path, **kw):
@@ -95,7 +103,10 @@ def write_umt5(path, cfg=None, seed=0):
     full = {"d_model": 4096, "dense_act_fn": "gelu_pytorch_tanh", "is_gated_act": True, "model_type": "umt5", **cfg}
     m = t5.T5(full, dtype=torch.float32, device="cpu", operations=comfy.ops.manual_cast)
     sd = {k: v.half().contiguous() for k, v in fill_random(m.state_dict(), seed=seed, std=0.05).items()}
-    sd.setdefault("encoder.block.23.layer.1.DenseReluDense.wi_1.weight", torch.zeros(1, 4096, dtype=torch.float16))
+    # the key (and shape) ComfyUI detects UMT5-XXL by: 0.33.0 reads its first dim (10240), 0.3.75 its last (4096);
+    # not a weight of the tiny model, so the loader ignores its values (fp8: 40 MB rather than 80)
+    sd.setdefault("encoder.block.23.layer.1.DenseReluDense.wi_1.weight",
+                  torch.zeros(10240, 4096, dtype=torch.float8_e4m3fn))
     sd["spiece_model"] = torch.frombuffer(bytearray(spiece_model(cfg["vocab_size"])), dtype=torch.uint8).clone()
     sd[MARK_TE] = _marker(cfg)
     os.makedirs(os.path.dirname(path), exist_ok=True)

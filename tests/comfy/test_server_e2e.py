@@ -1,6 +1,11 @@
-"""The pack inside the real ComfyUI 0.3.75 server: loaded by its own loader, listed in /object_info, and the
-bundled Wan 2.2 workflow (converted by tools/workflow_api.py) queued through /prompt with tiny models of the
-real architectures. The same prompt without Patch Attention gives the same frames."""
+"""The pack inside real ComfyUI servers, the stock 0.3.75 and 0.33.0: loaded by their own loaders, listed in
+/object_info, and the bundled Wan 2.2 workflow (converted by tools/workflow_api.py) queued through /prompt with tiny
+random-weight models of the real architectures. The same prompt without Patch Attention gives the same latents.
+
+The tiny DiT's attention is sharp (tools.tiny_models: qk_gain), so its sampled latents depend strongly on it:
+replacing attention by uniform weights moves them by about half their standard deviation, while the pack and
+ComfyUI's own attention agree to fp32 rounding. The comparison is on the saved latents, not on the 8-bit frames of
+the tiny VAE (which are near-flat grey)."""
 import json
 import os
 
@@ -8,21 +13,27 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from comfy_harness import require_comfy
-from tools.comfyui import ROOT
+from comfy_harness import missing, require_comfy
 from tools.comfy_server import ComfyServer
-from tools.prompt_tools import output_files, resized, without_patch, workflow_api
+from tools.comfyui import ROOT, VERSIONS, comfy_path
+from tools.prompt_tools import output_files, resized, saved_latents, without_patch, workflow_api
 
 WAN_T2V = os.path.join(ROOT, "workflows", "wan22_5b_t2v_480p.json")
+# fp32 agreement bound for the final latents, relative to their largest magnitude: the pack and ComfyUI's attention
+# differ by rounding (~1e-6 relative per call), amplified by 2 sampler steps and cfg; uniform attention gives ~0.3
+LATENT_RTOL = 1e-4
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    require_comfy()
+@pytest.fixture(scope="module", params=VERSIONS, ids=lambda v: f"comfyui-{v}")
+def server(request, tmp_path_factory):
+    version = request.param
+    if comfy_path(version) is None:
+        missing(f"ComfyUI {version} is not set up: run ./dev test")
+    base = tmp_path_factory.mktemp(f"comfy-{version}")
+    require_comfy()  # the writers build the real model classes of the in-process ComfyUI
     from tools.tiny_models import write_wan22_model_set
-    base = tmp_path_factory.mktemp("comfy")
     write_wan22_model_set(str(base / "models"))
-    srv = ComfyServer(base)
+    srv = ComfyServer(base, version=version)
     srv.start()
     yield srv
     srv.stop()
@@ -36,9 +47,12 @@ def test_pack_loads_through_comfyui_loader(server):
     assert patch["display_name"] == "Patch Attention (tiled)"
     assert patch["input"]["required"]["mode"][0] == ["auto", "chunked", "online", "inplace", "off"]
     log = server.log()
-    ours = [ln for ln in log.splitlines() if "tiled-attention" in ln]
-    assert ours and not any("IMPORT FAILED" in ln or "Cannot import" in ln for ln in ours), "\n".join(ours)
+    # ComfyUI's import report names each custom node folder; ours must not be among the failed ones
+    failed = [ln for ln in log.splitlines() if "IMPORT FAILED" in ln or
+              ("Cannot import" in ln and "custom_nodes" in ln)]
+    assert not [ln for ln in failed if "tiled-attention" in ln], "\n".join(failed)
     assert "[tiled-attention]" in log  # the startup verdict line
+    assert not [ln for ln in log.splitlines() if "Cannot import" in ln], "a ComfyUI module failed to import"
 
 
 def frames(server, entry):
@@ -46,8 +60,6 @@ def frames(server, entry):
 
 
 def test_wan_workflow_end_to_end(server):
-    if not os.path.exists(WAN_T2V):
-        pytest.skip("workflows/wan22_5b_t2v_480p.json not present")
     api = workflow_api()
     with open(WAN_T2V) as f:
         workflow = json.load(f)
@@ -59,10 +71,13 @@ def test_wan_workflow_end_to_end(server):
     vids = output_files(server.base, patched, (".mp4", ".webm", ".webp"))
     assert vids and all(os.path.getsize(v) > 0 for v in vids), patched["outputs"]
     assert "tiled attention running (mode chunked)" in server.log()
-    a = frames(server, patched)
 
     plain = server.run_prompt(resized(without_patch(prompt), "plain", **small))
-    b = frames(server, plain)
+    a, b = frames(server, patched), frames(server, plain)
     assert len(a) == len(b) >= 5
-    worst = max(int(np.abs(x - y).max()) for x, y in zip(a, b))
-    assert worst <= 2, f"frames differ by up to {worst}/255"
+    assert max(int(np.abs(x - y).max()) for x, y in zip(a, b)) <= 1
+
+    (la,), (lb,) = saved_latents(server.base, "patched"), saved_latents(server.base, "plain")
+    assert la.shape == lb.shape == (1, 48, 2, 4, 4)
+    err = (la - lb).abs().max().item()
+    assert err <= LATENT_RTOL * lb.abs().max().item(), f"latents differ by {err} (scale {lb.abs().max():.3f})"
