@@ -1,4 +1,4 @@
-"""The nodes inside a real ComfyUI 0.3.75: real loaders, real Wan 2.2 5B / LTX-Video classes, real sampler."""
+"""The nodes inside a real ComfyUI (0.33.0 in-process; 0.3.75 through tests/comfy/test_inprocess_on_oldest.py): real loaders, real Wan 2.2 5B / LTX-Video classes, real sampler."""
 import copy
 
 import pytest
@@ -6,6 +6,8 @@ import torch
 
 from comfy_harness import comfy_nodes, load_pack, require_comfy
 from tools.tiny_models import write_ltxv, write_wan22_5b
+
+pytestmark = pytest.mark.comfy_inprocess
 
 
 @pytest.fixture(scope="module")
