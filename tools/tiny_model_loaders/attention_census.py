@@ -1,15 +1,16 @@
 """Test-only census of where attention runs inside a ComfyUI server, per prompt and per call site.
 
-Three counters, each {call site: {query length: calls}}:
+Counters, each {call site: {query length: calls}}:
   engine      calls the pack's engine computed (the `scaled_dot_product_attention` that nodes/comfy_adapter.py calls);
   comfy       calls that reached ComfyUI's own attention functions (the functions behind every @wrap_attn wrapper in
               comfy.ldm.modules.attention: optimized_attention, optimized_attention_masked, attention_pytorch, ...),
               i.e. calls that bypassed the pack or that it passed through;
-  torch_sdpa  direct torch.nn.functional.scaled_dot_product_attention calls (not the ones ComfyUI's functions make).
+  torch_sdpa  direct torch.nn.functional.scaled_dot_product_attention calls (not the ones ComfyUI's functions make);
+  engine_masked, comfy_masked   the calls of the first two that carried an attention mask.
 A call site is "<Owner>.<attribute>" of the attention module that made the call (for example
 "BasicAVTransformerBlock.audio_to_video_attn", "TransformerBlockGemma2.self_attn"), found from the caller's frames;
 "file:line" when no module owns it. After each prompt the server log gets one line
-    [attention-census] {"prompt_id": ..., "engine": {...}, "comfy": {...}, "torch_sdpa": {...}}
+    [attention-census] {"prompt_id": ..., "engine": {...}, "comfy": {...}, "torch_sdpa": {...}, ...}
 (`parse_log` reads them back). Code that bound torch's SDPA to a local name before this module was imported is not
 seen by the torch counter.
 
@@ -34,8 +35,8 @@ BREAK_KEY = "tiled_attention_test_break"  # in a prompt's extra_data: break the 
 BREAKS = ("uniform", "nomask", "swapheads")
 _MARK = "_attention_census"
 
-_counts = {"engine": defaultdict(lambda: defaultdict(int)), "comfy": defaultdict(lambda: defaultdict(int)),
-           "torch_sdpa": defaultdict(lambda: defaultdict(int))}
+KINDS = ("engine", "comfy", "torch_sdpa", "engine_masked", "comfy_masked")
+_counts = {kind: defaultdict(lambda: defaultdict(int)) for kind in KINDS}
 _local = threading.local()
 _state = {"breaking": None}  # the running prompt's break mode (ComfyUI runs one prompt at a time)
 _SKIP_PARTS = (os.sep + "torch" + os.sep, os.path.join("comfy", "ldm", "modules", "attention.py"),
@@ -76,12 +77,15 @@ def call_site():
     return f"{type(outer.f_locals['self']).__name__}.{name}" if name else f"{type(module).__name__} ({where})"
 
 
-def _count(kind, q, seq_dim):
+def _count(kind, q, seq_dim, masked=False):
     try:
         lq = int(q.shape[seq_dim])
     except Exception:  # noqa: BLE001 - a container or odd argument: still count the call
         lq = -1
-    _counts[kind][call_site()][lq] += 1
+    site = call_site()
+    _counts[kind][site][lq] += 1
+    if masked:
+        _counts[kind + "_masked"][site][lq] += 1
 
 
 def _inside():
@@ -101,7 +105,8 @@ def _comfy_counter(func):
         if not _inside():
             q = args[0] if args else kwargs.get("q")
             skip = kwargs.get("skip_reshape", args[6] if len(args) > 6 else False)
-            _count("comfy", q, -2 if skip else 1)
+            mask = kwargs.get("mask", args[4] if len(args) > 4 else None)
+            _count("comfy", q, -2 if skip else 1, masked=mask is not None)
         with _Depth():
             return func(*args, **kwargs)
     setattr(counted, _MARK, func)
@@ -129,7 +134,7 @@ def _broken(out, q, k, v, mask, how):
 
 def _engine_counter(func):
     def counted(q, k, v, attn_mask=None, *args, **kwargs):
-        _count("engine", q, -2)
+        _count("engine", q, -2, masked=attn_mask is not None)
         how = _state["breaking"] or os.environ.get(BREAK_ENV, "")
         if how == "nomask":
             attn_mask = None
