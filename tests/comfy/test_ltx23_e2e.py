@@ -52,8 +52,9 @@ def server(tmp_path_factory):
             missing(f"workflows/{name}.json not present")
     base = tmp_path_factory.mktemp("comfy_ltx23")
     # written in a child process: it imports ComfyUI 0.33.0, whatever ComfyUI this test process imported
-    subprocess.run([sys.executable, "-m", "tools.tiny_models_ltx23", str(base / "models"), str(base / "input")],
-                   cwd=ROOT, check=True, capture_output=True, timeout=600)
+    made = subprocess.run([sys.executable, "-m", "tools.tiny_models_ltx23", str(base / "models"),
+                           str(base / "input")], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert made.returncode == 0, f"tools/tiny_models_ltx23.py failed:\n{made.stderr[-3000:]}"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TILED_ATTENTION_TEST_CENSUS", "1")
         mp.delenv("TILED_ATTENTION_TEST_BREAK", raising=False)
@@ -139,17 +140,23 @@ BOUND = TOL_EPS * torch.finfo(torch.float32).eps
 
 @pytest.mark.parametrize("name", list(WORKFLOWS))
 def test_ltx23_workflow_writes_video_with_audio(runs, name):
-    import av
+    try:
+        import av
+    except ImportError:
+        missing("PyAV (pip package av) is needed to read the mp4: install tests/requirements-test.txt")
     run = runs.get(name, "patched")
     videos = output_files(runs.server.base, run["entry"], (".mp4",))
     assert len(videos) == 1 and os.path.getsize(videos[0]) > 0, run["entry"]["outputs"]
     with av.open(videos[0]) as container:
         assert container.streams.video and container.streams.audio, f"{videos[0]}: streams {container.streams}"
         frames = sum(1 for _ in container.decode(video=0))
+        width, height = container.streams.video[0].codec_context.width, container.streams.video[0].codec_context.height
     with av.open(videos[0]) as container:
         samples = sum(frame.samples for frame in container.decode(audio=0))
         rate = container.streams.audio[0].rate
     assert frames == FRAMES, f"{frames} video frames"
+    w, h = WORKFLOWS[name]  # stage 2 doubles the stage-1 size; the 1080p workflow then crops 8 rows (1088 -> 1080)
+    assert (width, height) == ((2 * w, 2 * h - 8) if "1080p" in name else (2 * w, 2 * h)), (width, height)
     assert samples >= 0.25 * rate, f"audio track of {samples} samples at {rate} Hz (the video lasts 0.36 s)"
     assert run["latents"]["video"].shape[2:] == (2, WORKFLOWS[name][1] // 16, WORKFLOWS[name][0] // 16)
     assert run["latents"]["audio"].shape[2] == AUDIO_TOKENS
@@ -158,9 +165,12 @@ def test_ltx23_workflow_writes_video_with_audio(runs, name):
 @pytest.mark.parametrize("name", list(WORKFLOWS))
 def test_ltx23_patch_matches_comfy_attention_and_engine_runs_the_dit(runs, name, record_property):
     patched, plain = runs.get(name, "patched"), runs.get(name, "plain")
+    assert "lora key not loaded" not in runs.server.log(), "the distilled LoRA did not apply to the tiny DiT"
     for part in ("video", "audio"):
         dev = deviation(patched["latents"][part], plain["latents"][part])
         record_property(f"{part}_deviation", dev)
+        print(f"\n{name}: {part} latents deviate by {dev:.3e} of their max = {dev / BOUND * TOL_EPS:.1f} fp32 eps "
+              f"(bound {TOL_EPS})")
         assert dev <= BOUND, f"{name}: {part} latents differ by {dev:.3e} of their max (bound {BOUND:.3e})"
 
     engine, bypass = patched["census"]["engine"], patched["census"]
@@ -180,7 +190,8 @@ def test_ltx23_patch_matches_comfy_attention_and_engine_runs_the_dit(runs, name,
     plain_dit = {s: sum(n.values()) for s, n in plain["census"]["comfy"].items() if s.startswith(BLOCK)}
     assert plain_dit == {BLOCK + a: n for a, n in calls.items()}, (plain_dit, calls)
     # Not yet routed through the pack (another change does it); reported, not asserted:
-    others = {kind: {s: sum(n.values()) for s, n in bypass[kind].items()} for kind in ("comfy", "torch_sdpa")}
+    others = {kind: {s: sum(n.values()) for s, n in bypass.get(kind, {}).items()}
+              for kind in ("comfy", "comfy_masked", "torch_sdpa")}
     record_property("bypasses", json.dumps(others))
     print(f"\n{name}: engine {calls} per DiT attention; outside the pack: {json.dumps(others)}")
 
