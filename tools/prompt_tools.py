@@ -43,7 +43,8 @@ def resized(prompt, prefix, size=None, frames=None, steps=None, mode=None, min_t
         elif ct == "ImageScale" and ltx and size:  # i2v start image: the full (stage-2) size
             inp.update(width=inp["width"] * size[0] // ltx[0], height=inp["height"] * size[1] // ltx[1])
         elif ct == "ImageCrop" and ltx and size:  # 1080p: crop the x2 output by as many pixels as the workflow does
-            inp.update(width=2 * size[0] - (2 * ltx[0] - inp["width"]), height=2 * size[1] - (2 * ltx[1] - inp["height"]))
+            inp.update(width=2 * size[0] - (2 * ltx[0] - inp["width"]),
+                       height=2 * size[1] - (2 * ltx[1] - inp["height"]))
         elif ct == "TiledAttentionPatch":
             if mode:
                 inp["mode"] = mode
@@ -69,7 +70,8 @@ def with_final_latents(prompt, prefix):
     sources = {str(n["inputs"]["samples"][0]) for n in decoders}
     separators = [nid for nid in sources if p[nid]["class_type"] == "LTXVSeparateAVLatent"]
     if len(separators) != 1:
-        raise ValueError(f"with_final_latents: expected one LTXVSeparateAVLatent feeding the decoder, found {separators}")
+        raise ValueError("with_final_latents: expected one LTXVSeparateAVLatent feeding the video decoder, found "
+                         f"{separators}")
     for slot, name in ((0, "video_latent"), (1, "audio_latent")):
         p[f"910{slot}"] = {"class_type": "SaveLatent", "inputs": {"samples": [separators[0], slot],
                                                                   "filename_prefix": f"{prefix}/{name}"}}

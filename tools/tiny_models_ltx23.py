@@ -75,8 +75,8 @@ VOCODER = {"resblock_kernel_sizes": [3], "upsample_rates": [4, 4, 10], "upsample
 GEMMA = {"vocab_size": 512, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
          "num_attention_heads": 1, "num_key_value_heads": 1}
 GEMMA_VISION = {"num_channels": 3, "hidden_act": "gelu_pytorch_tanh", "hidden_size": 16, "image_size": 64,
-                           "intermediate_size": 32, "model_type": "siglip_vision_model", "num_attention_heads": 2,
-                "num_hidden_layers": 1, "patch_size": 4}
+                "intermediate_size": 32, "model_type": "siglip_vision_model", "num_attention_heads": 2,
+                "num_hidden_layers": 1, "patch_size": 4}  # 64 / 4 = 16 patches a side: Gemma pools to 16 x 16
 UPSAMPLER = {"_class_name": "LatentUpsampler", "in_channels": 128, "mid_channels": 32, "num_blocks_per_stage": 1,
              "dims": 3, "spatial_upsample": True, "temporal_upsample": False, "spatial_scale": 2.0,
              "rational_resampler": False}
@@ -145,9 +145,11 @@ def text_projection_state_dict(seed=4):
     g = torch.Generator().manual_seed(seed)
     fan_in = GEMMA["hidden_size"] * (GEMMA["num_hidden_layers"] + 1)
     out = {}
-    for part, dim in (("video", TRANSFORMER["cross_attention_dim"]), ("audio", TRANSFORMER["audio_cross_attention_dim"])):
-        out[f"text_embedding_projection.{part}_aggregate_embed.weight"] = torch.randn(dim, fan_in, generator=g) / math.sqrt(fan_in)
-        out[f"text_embedding_projection.{part}_aggregate_embed.bias"] = torch.randn(dim, generator=g) * 0.02
+    for part in ("video", "audio"):
+        dim = TRANSFORMER["cross_attention_dim" if part == "video" else "audio_cross_attention_dim"]
+        key = f"text_embedding_projection.{part}_aggregate_embed."
+        out[key + "weight"] = torch.randn(dim, fan_in, generator=g) / math.sqrt(fan_in)
+        out[key + "bias"] = torch.randn(dim, generator=g) * 0.02
     return out
 
 

@@ -124,7 +124,8 @@ def _torch_counter(func):
     return counted
 
 
-def _broken(out, q, k, v, mask, how):
+def _broken(out, q, v, how):
+    """The engine's result made wrong on purpose: every query averaging all values, or heads rotated by one."""
     if how == "uniform":
         return v.mean(dim=-2, keepdim=True).expand(*q.shape[:-1], v.shape[-1]).to(out.dtype).contiguous()
     if how == "swapheads" and out.ndim == 4 and out.shape[1] > 1:
@@ -140,7 +141,7 @@ def _engine_counter(func):
             attn_mask = None
         with _Depth():
             out = func(q, k, v, attn_mask, *args, **kwargs)
-        return _broken(out, q, k, v, attn_mask, how) if how else out
+        return _broken(out, q, v, how) if how else out
     setattr(counted, _MARK, func)
     return counted
 
@@ -170,8 +171,9 @@ def install():
     """Wrap the counters in (idempotent; the pack may be imported after this module)."""
     _wrap_comfy_functions()
     _wrap_engine()
-    if not hasattr(torch.nn.functional.scaled_dot_product_attention, _MARK):
-        torch.nn.functional.scaled_dot_product_attention = _torch_counter(torch.nn.functional.scaled_dot_product_attention)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    if not hasattr(sdpa, _MARK):
+        torch.nn.functional.scaled_dot_product_attention = _torch_counter(sdpa)
 
 
 def snapshot():
