@@ -18,6 +18,9 @@ so the check never allocates the unchunked hidden activation (that would defeat 
 because that activation does not fit). What it cannot see: a module whose behaviour switches on values never
 seen in the probes, or on the full length alone (P and Q are both shorter); those are not feed-forwards.
 
+Cost: the first call of each signature runs the forward four extra times (two partitions of two inputs), on
+chunks only; later calls of that signature cost one dictionary look-up.
+
 The probes run with gradients off, the module's forward hooks set aside, and its buffers and plain attributes
 restored afterwards, so they leave the module as they found it (BatchNorm statistics, counters, caches).
 Calls the chunking cannot represent (no tensor input, tokens along the last axis, a tensor argument with a
@@ -128,6 +131,20 @@ def _tensors_in(v):
             yield from _tensors_in(e)
 
 
+def _random_like(x: torch.Tensor) -> torch.Tensor:
+    """Gaussian tokens with the per-feature mean and spread of x (fixed seed, drawn on x's device)."""
+    reduce = list(range(x.dim() - 1))
+    std, mean = torch.std_mean(x.detach(), dim=reduce, keepdim=True)
+    std = std.float().nan_to_num(0.0).clamp_min(1e-3)
+    try:
+        gen = torch.Generator(device=x.device).manual_seed(0x7F4A7C15)
+        noise = torch.randn(x.shape, generator=gen, device=x.device, dtype=x.dtype)
+    except RuntimeError:  # a device without its own generator
+        gen = torch.Generator().manual_seed(0x7F4A7C15)
+        noise = torch.randn(x.shape, generator=gen, dtype=x.dtype).to(x.device)
+    return noise.mul_(std.to(x.dtype)).add_(mean)
+
+
 def _pieces_q(n: int, p_sizes) -> list:
     """Piece lengths of the second partition: a single-token piece, then cuts half-way inside P's pieces."""
     cuts, pos = {1}, 0
@@ -223,14 +240,7 @@ class ChunkedFFN:
         if torch.equal(x, first.expand_as(x)):
             return None
         q_sizes = _pieces_q(x.shape[dim], p_sizes)
-        reduce = [d for d in range(x.dim()) if d != x.dim() - 1]
-        xf = x.detach().float()
-        mean = xf.mean(dim=reduce, keepdim=True)
-        std = xf.std(dim=reduce, keepdim=True).nan_to_num(0.0).clamp_min(1e-3)
-        gen = torch.Generator(device="cpu").manual_seed(0x7F4A7C15)
-        noise = torch.randn(x.shape, generator=gen).to(x.device)
-        random_x = (mean + std * noise).to(x.dtype)
-        del xf, noise
+        random_x = _random_like(x)
         try:
             with torch.no_grad(), _state_preserved(self.owner()):
                 for probe in (x, random_x):
