@@ -172,3 +172,52 @@ def test_causal_bias_masks_through_the_patch():
             assert (got - want).abs().max() < 1e-5, (make.__name__, lq)
     with attention_core.patched(force=True), pytest.raises(ValueError):
         F.scaled_dot_product_attention(q, k, v, attn_mask=causal_upper_left(6, 10), is_causal=True)
+
+
+@pytest.mark.parametrize("mask", ["none", "bool", "float", "key_padding"])
+def test_multihead_attention_through_the_patch(mask, engine_calls_counter):
+    """nn.MultiheadAttention (training path) calls F.scaled_dot_product_attention: same output and gradients."""
+    torch.manual_seed(4)
+    mha = torch.nn.MultiheadAttention(16, 4, batch_first=True)
+    x = torch.randn(2, 6, 16, requires_grad=True)
+    am = {"bool": (torch.rand(6, 6) > 0.7).fill_diagonal_(False), "float": torch.randn(6, 6)}.get(mask)
+    kpm = torch.tensor([[False] * 6, [False] * 4 + [True] * 2]) if mask == "key_padding" else None
+
+    def run():
+        x.grad = None
+        mha.zero_grad()
+        out = mha(x, x, x, attn_mask=am, key_padding_mask=kpm, need_weights=False)[0]
+        out.square().sum().backward()
+        return out.detach(), x.grad.clone(), mha.in_proj_weight.grad.clone()
+
+    want = run()
+    with attention_core.patched(force=True):
+        got = run()
+    assert engine_calls_counter
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.fixture
+def engine_calls_counter(monkeypatch):
+    import attention_core.sdpa as sd
+    calls, real = [], sd.scaled_dot_product_attention
+    monkeypatch.setattr(sd, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
+def test_fully_masked_rows_match_torch(engine_calls_counter):
+    """Rows with every key masked: torch's float -inf mask gives NaN, a boolean mask gives 0 (math backend)."""
+    torch.manual_seed(6)
+    q, k, v = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
+    float_mask = torch.zeros(4, 6)
+    float_mask[1] = float("-inf")
+    bool_mask = torch.ones(4, 6, dtype=torch.bool)
+    bool_mask[2] = False
+    for m in (float_mask, bool_mask):
+        want = TORCH_SDPA(q, k, v, attn_mask=m)
+        with attention_core.patched(force=True):
+            got = F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+        assert torch.equal(got.isnan(), want.isnan())
+        torch.testing.assert_close(got.nan_to_num(0), want.nan_to_num(0), atol=1e-6, rtol=1e-5)
+    assert engine_calls_counter
