@@ -219,3 +219,17 @@ def test_steady_state_runs_the_check_once_per_signature(monkeypatch):
         ffn(torch.randn(1, 32, 16))
     ffn(torch.randn(1, 33, 16))
     assert len(checks) == 2 and w.calls_chunked == 4
+
+
+def test_non_finite_outputs_of_a_token_wise_module_still_chunk():
+    class Log(torch.nn.Module):  # NaN for negative inputs, -inf at 0: token-wise all the same
+        def forward(self, x):
+            return torch.log(x)
+
+    m = Log()
+    w = chunk_ffn(m, chunks=4)
+    x = torch.randn(1, 32, 8)
+    x[0, 3, 0] = 0.0
+    got, want = m(x), torch.log(x)
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num())
+    assert w.verified is True and w.calls_chunked == 1
