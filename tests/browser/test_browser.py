@@ -31,8 +31,9 @@ import pytest
 from comfy_harness import missing
 from tools.comfyui import FRONTENDS, LATEST, OLDEST, ROOT, comfy_path
 from tools.comfy_server import ComfyServer
+from tools.frontend_page import (CHROMIUM, INIT_SCRIPT, JS_FIT, JS_FULL_DETAIL, JS_READY, LAUNCH_FLAGS, VIEWPORT,
+                                 pinned_frontend, settings, write_placeholders)
 
-CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
 ARTIFACTS = os.path.join(ROOT, "test-artifacts", "browser")
 WORKFLOWS = sorted(glob.glob(os.path.join(ROOT, "workflows", "*.json")))
 IDS = [os.path.basename(p)[:-5] for p in WORKFLOWS]
@@ -42,32 +43,12 @@ DOCUMENTED = ["ltx23_22b_i2v_av_720p", "ltx23_22b_t2v_av_1080p", "ltx23_22b_t2v_
 MODULE = "tiled-attention"  # the folder name ComfyServer gives this repository in custom_nodes
 PACK_NODES = {"TiledAttentionPatch": "Patch Attention (tiled)", "TiledFFNChunking": "FFN Chunking"}
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
-LAUNCH_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-VIEWPORT = {"width": 1920, "height": 1080}
 # the stock templates' thumbnails (hundreds of animated images and videos under /templates/) are not fetched:
 # decoding them starves a 2-core machine and they are not what is tested (the pack's cards show their default)
 STOCK_THUMBNAILS = [f"**/templates/*.{ext}" for ext in ("webp", "png", "jpg", "jpeg", "gif", "mp4", "webm", "mp3")]
 UI_TIMEOUT_MS = 60_000  # any one step in the page (a dialog opening, a click landing), generous for 2 busy cores
-MODEL_FOLDERS = ("checkpoints", "diffusion_models", "text_encoders", "vae", "loras", "latent_upscale_models")
-MODEL_EXTENSIONS = (".safetensors", ".ckpt", ".pt", ".pth", ".gguf")
-# the frontend's first-run flows and popups, off before the page loads (setting ids of frontends 1.32.9 and
-# 1.49.6; Comfy.InstalledVersion is added per frontend)
-SETTINGS = {
-    "Comfy.TutorialCompleted": True,            # else the first load opens the templates dialog
-    "Comfy.Notification.ShowVersionUpdates": False,
-    "Comfy.Release.Status": "skipped",
-    "Comfy.Minimap.Visible": False,             # keeps the screenshots to the graph
-    "Comfy.Graph.CanvasInfo": False,
-    "Comfy.Workflow.WorkflowTabsPosition": "Sidebar",  # no row of a dozen tabs over the screenshots
-    "Comfy.Workflow.ShowMissingNodesWarning": True,  # the dialog under test stays on
-}
 
 # ---- page-side helpers (run in the browser) -------------------------------------------------------------
-JS_READY = """() => !!(window.app && window.app.graph && window.app.canvas && window.app.extensionManager
-    && window.LiteGraph && window.LiteGraph.registered_node_types['TiledAttentionPatch']
-    && document.querySelector('#graph-canvas'))"""
-
 # a drag from the desktop ends with dragover + drop; the point is one over no node (a node under the cursor
 # gets the first say about a dropped file)
 JS_DROP = """([name, text]) => {
@@ -91,25 +72,6 @@ JS_GRAPH = """() => app.graph._nodes.map(n => ({
     registered: !!LiteGraph.registered_node_types[n.type],
     widgets: (n.widgets || []).map(w => ({name: w.name, type: w.type, value: w.value})),
 }))"""
-
-# the view fitted to the graph right of the side bar and below the floating toolbar: its full width, and the
-# height of its nodes and groups (a tall note may run off the bottom)
-JS_FIT = """() => {
-    const c = app.canvas, el = c.canvas, left = 70, top = 80, pad = 25;
-    const rects = app.graph._nodes.map(n => [n.type, n.boundingRect])
-        .concat((app.graph._groups || []).map(g => ['group', g._bounding || g.boundingRect]));
-    const tall = rects.filter(([t]) => !/Note$/.test(t)).map(([, b]) => b), all = rects.map(([, b]) => b);
-    const x0 = Math.min(...all.map(b => b[0])), x1 = Math.max(...all.map(b => b[0] + b[2]));
-    const y0 = Math.min(...tall.map(b => b[1])), y1 = Math.max(...tall.map(b => b[1] + b[3]));
-    const w = el.clientWidth - left, h = el.clientHeight - top;
-    const scale = Math.min((w - 2 * pad) / (x1 - x0), (h - 2 * pad) / (y1 - y0), 1);
-    c.ds.scale = scale;
-    c.ds.offset[0] = left / scale + (w / scale - (x1 - x0)) / 2 - x0;
-    c.ds.offset[1] = (top + pad) / scale - y0;
-    c.setDirty(true, true);
-    c.draw(true, true);
-    return scale;
-}"""
 
 JS_STORES = "document.querySelector('#vue-app').__vue_app__.config.globalProperties.$pinia._s"
 
@@ -158,37 +120,6 @@ def _load(path):
         return json.load(f)
 
 
-def _pinned_frontend(comfy):
-    """The comfyui-frontend-package version that ComfyUI folder's requirements.txt pins."""
-    with open(os.path.join(comfy, "requirements.txt")) as f:
-        for line in f:
-            name, _, pin = line.strip().partition("==")
-            if name.strip().lower().replace("_", "-") == "comfyui-frontend-package":
-                return pin.strip()
-    return None
-
-
-def _write_placeholders(base):
-    """Empty files under every model and input file name the workflows load, so the frontend finds each
-    loader's value among the server's files (no missing-model or missing-media warning)."""
-    names, images = set(), set()
-    for path in WORKFLOWS:
-        for node in _load(path)["nodes"]:
-            for v in node.get("widgets_values") or []:
-                if isinstance(v, str) and v.endswith(MODEL_EXTENSIONS):
-                    names.add(v)
-                elif isinstance(v, str) and node["type"] == "LoadImage" and v.endswith((".png", ".jpg", ".webp")):
-                    images.add(v)
-    for folder in MODEL_FOLDERS:
-        os.makedirs(os.path.join(base, "models", folder), exist_ok=True)
-        for name in names:
-            open(os.path.join(base, "models", folder, name), "wb").close()
-    os.makedirs(os.path.join(base, "input"), exist_ok=True)
-    from PIL import Image
-    for name in images:
-        Image.new("RGB", (64, 64), (90, 120, 200)).save(os.path.join(base, "input", name))
-
-
 @pytest.fixture(scope="module", params=[OLDEST, LATEST], ids=[f"comfyui-{v}" for v in (OLDEST, LATEST)])
 def server(request, tmp_path_factory):
     """A stock ComfyUI server of one version with this pack (and no other custom node), the frontend that
@@ -198,18 +129,18 @@ def server(request, tmp_path_factory):
     comfy = comfy_path(version)
     if comfy is None:
         missing(f"no ComfyUI {version}: run the suite with ./dev test (it sets up the stock ComfyUIs)")
-    frontend = _pinned_frontend(comfy)
+    frontend = pinned_frontend(comfy)
     if version in FRONTENDS and not os.path.isdir(FRONTENDS[version]):
         missing(f"no frontend {frontend} for ComfyUI {version} at {FRONTENDS[version]}: run ./dev setup")
     base = tmp_path_factory.mktemp(f"comfy-browser-{version}")
-    _write_placeholders(str(base))
+    write_placeholders(str(base), WORKFLOWS)
     srv = ComfyServer(base, version=version, extra_custom_nodes=())
     t0 = time.time()
     srv.start()
     srv.start_s = time.time() - t0
     srv.frontend = frontend
     srv.artifacts = os.path.join(ARTIFACTS, f"comfyui-{version}")
-    assert _post_json(srv.url + "/settings", dict(SETTINGS, **{"Comfy.InstalledVersion": frontend})) == 200
+    assert _post_json(srv.url + "/settings", settings(frontend)) == 200
     yield srv
     srv.stop()
 
@@ -240,7 +171,7 @@ def page(server):
         shutil.rmtree(profile, ignore_errors=True)
         missing(f"Chromium at {CHROMIUM} would not start under playwright: {str(e)[:800]}")
     try:
-        ctx.add_init_script("localStorage.setItem('vueNodesBannerDismissed', 'true')")  # the Nodes 2.0 banner
+        ctx.add_init_script(INIT_SCRIPT)
         for pattern in STOCK_THUMBNAILS:  # matched by the driver: other requests never wait on Python
             ctx.route(pattern, lambda route: route.abort())
         pg = ctx.pages[0] if ctx.pages else ctx.new_page()
@@ -257,9 +188,7 @@ def page(server):
             pg.screenshot(path=os.path.join(server.artifacts, "startup-failure.png"))
             raise AssertionError("the ComfyUI frontend did not come up:\n" + "\n".join(console[-40:]))
         pg.ready_s = time.time() - t0
-        # full-detail node drawing at any zoom, for readable screenshots (the frontend resets this setting
-        # when it starts, so it is set here, through its own settings API)
-        pg.evaluate("() => app.extensionManager.setting.set('LiteGraph.Canvas.MinFontSizeForLOD', 0)")
+        pg.evaluate(JS_FULL_DETAIL)
         # nothing open at the start (first-run templates dialog, release notes...)
         assert _dialogs(pg) == [], _dialogs(pg)
         yield pg
