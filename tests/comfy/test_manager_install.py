@@ -168,7 +168,7 @@ def bed(tmp_path_factory):
 def test_install_restart_uninstall_through_the_manager(bed):
     srv, custom = bed["srv"], bed["custom"]
     t0 = time.time()
-    assert f"[ComfyUI-Manager] network_mode: offline" in srv.log(), srv.log()[-3000:]
+    assert "[ComfyUI-Manager] network_mode: offline" in srv.log(), srv.log()[-3000:]
     info = srv.get("/object_info")
     assert not set(PACK_NODES) & set(info), "pack nodes present before the install"
 
