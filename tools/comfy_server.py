@@ -1,5 +1,9 @@
 """A real ComfyUI server (either test version) in a subprocess, with this pack (and the tiny-model loader shim) in
-its custom_nodes, a temporary base directory for models/input/output, and the /prompt + /history API."""
+its custom_nodes, a temporary base directory for models/input/output, and the /prompt + /history API.
+
+pack_dir=None leaves the pack out (custom_nodes then holds only what the test puts there, e.g. a folder that
+ComfyUI-Manager cloned); restart() stops and starts the same server (same port and base) and run_log() is the
+log of the latest start only."""
 import json
 import os
 import socket
@@ -34,7 +38,9 @@ class ComfyServer:
         custom = os.path.join(self.base, "custom_nodes")
         os.makedirs(custom, exist_ok=True)
         os.makedirs(os.path.join(self.base, "models"), exist_ok=True)
-        links = {"tiled-attention": pack_dir, **{n: os.path.join(TOOLS, n) for n in extra_custom_nodes}}
+        links = {n: os.path.join(TOOLS, n) for n in extra_custom_nodes}
+        if pack_dir is not None:
+            links["tiled-attention"] = pack_dir
         for name, target in links.items():
             if not os.path.lexists(os.path.join(custom, name)):
                 os.symlink(target, os.path.join(custom, name))
@@ -43,12 +49,15 @@ class ComfyServer:
         if frontend and os.path.isdir(frontend) and "--front-end-root" not in self.args:
             self.args += ["--front-end-root", frontend]
         self.proc = None
+        self._log_start = 0
 
     def start(self, timeout=240):
         cmd = [sys.executable, "main.py", "--base-directory", self.base, "--listen", "127.0.0.1",
                "--port", str(self.port), "--disable-auto-launch", "--database-url", "sqlite:///:memory:",
                *self.args]
-        self._log = open(self.log_path, "w")
+        first = self.proc is None
+        self._log = open(self.log_path, "w" if first else "a")
+        self._log_start = 0 if first else self._log.tell()
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(cmd, cwd=self.path, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         deadline = time.time() + timeout
@@ -72,9 +81,20 @@ class ComfyServer:
         if getattr(self, "_log", None):
             self._log.close()
 
+    def restart(self, timeout=240):
+        """Stop and start again with the same arguments; the log file keeps both runs."""
+        self.stop()
+        return self.start(timeout)
+
     def log(self):
         with open(self.log_path, errors="replace") as f:
             return f.read()
+
+    def run_log(self):
+        """The log written since the latest start()."""
+        with open(self.log_path, "rb") as f:
+            f.seek(self._log_start)
+            return f.read().decode(errors="replace")
 
     def get(self, path):
         with urllib.request.urlopen(self.url + path, timeout=30) as r:

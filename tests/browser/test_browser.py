@@ -1,16 +1,22 @@
-"""The bundled workflows in the real ComfyUI frontend (comfyui-frontend-package 1.32.9, served by the stock
-ComfyUI 0.3.75 server with this pack loaded) in headless Chromium, driven by Playwright.
+"""The bundled workflows in the real ComfyUI frontend, in headless Chromium driven by Playwright, on both
+ComfyUI versions with the frontend each pins: stock 0.3.75 with comfyui-frontend-package 1.32.9 and stock 0.33.0
+with 1.49.6 (one server and one browser per version, module-scoped; the pack loaded by the server's own loader).
 
 Each workflows/*.json is loaded twice: dropped onto the canvas as a file (a DataTransfer 'drop' event with a
 File, which the frontend's document drop handler reads like a real drag from the desktop), and opened from the
 templates dialog by clicks (the side bar's Templates button, "Extensions" > tiled-attention, the workflow's
 card), a list ComfyUI builds from the pack's workflows/ folder (GET /api/workflow_templates, files served under
-/api/workflow_templates/tiled-attention/). After each load: no missing-nodes dialog for the Wan workflows; for
-the LTX-2.3 ones a dialog listing exactly the node types stock 0.3.75 lacks (never one of this pack's); the
-pack's nodes on the canvas with their widgets. Screenshots go to test-artifacts/browser/.
+/api/workflow_templates/tiled-attention/). After each load: on 0.33.0 no missing nodes for any of the six
+workflows (frontend 1.49.6 reports them in its missing-nodes store and error overlay, not a dialog: both must
+stay empty, and no dialog open); on 0.3.75 none for the Wan workflows and, for the LTX-2.3 ones, a dialog
+listing exactly the node types stock 0.3.75 lacks (never one of this pack's); the pack's nodes on the canvas
+with their widgets. The server's models/ and input/ hold empty placeholders under the file names the workflows
+load, so a missing-model warning cannot hide a missing-node one. Screenshots go to test-artifacts/browser/
+(never to docs/).
 
 Needs /usr/bin/chromium (Debian's package; ./dev test installs it when run as root) and the playwright Python
-package (pinned in tests/requirements-test.txt; its own browser downloads are never used). Skips otherwise.
+package (pinned in tests/requirements-test.txt; its own browser downloads are never used); without them the
+tests skip (fail under CI=true).
 """
 import glob
 import json
@@ -22,39 +28,27 @@ import urllib.request
 
 import pytest
 
-from comfy_harness import require_comfy
-from tools.comfyui import ROOT
+from comfy_harness import missing
+from tools.comfyui import FRONTENDS, LATEST, OLDEST, ROOT, comfy_path
 from tools.comfy_server import ComfyServer
+from tools.frontend_page import (CHROMIUM, INIT_SCRIPT, JS_FIT, JS_FULL_DETAIL, JS_READY, LAUNCH_FLAGS, VIEWPORT,
+                                 pinned_frontend, settings, write_placeholders)
 
-CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
 ARTIFACTS = os.path.join(ROOT, "test-artifacts", "browser")
-DOCS_SCREENSHOT = os.path.join(ROOT, "docs", "screenshot-wan22-480p.png")
-DOCS_SOURCE = "wan22_5b_t2v_480p"  # the drop screenshot of this workflow is copied to DOCS_SCREENSHOT
 WORKFLOWS = sorted(glob.glob(os.path.join(ROOT, "workflows", "*.json")))
 IDS = [os.path.basename(p)[:-5] for p in WORKFLOWS]
+# the workflows the README documents: a file renamed or dropped from workflows/ must fail, not shrink the lists
+DOCUMENTED = ["ltx23_22b_i2v_av_720p", "ltx23_22b_t2v_av_1080p", "ltx23_22b_t2v_av_720p",
+              "wan22_5b_i2v_480p", "wan22_5b_t2v_480p", "wan22_5b_t2v_720p"]
 MODULE = "tiled-attention"  # the folder name ComfyServer gives this repository in custom_nodes
 PACK_NODES = {"TiledAttentionPatch": "Patch Attention (tiled)", "TiledFFNChunking": "FFN Chunking"}
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
-LAUNCH_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-VIEWPORT = {"width": 1920, "height": 1080}
-# the frontend's first-run flows and popups, off before the page loads (setting ids of frontend 1.32.9)
-SETTINGS = {
-    "Comfy.TutorialCompleted": True,            # else the first load opens the templates dialog
-    "Comfy.InstalledVersion": "1.32.9",
-    "Comfy.Notification.ShowVersionUpdates": False,
-    "Comfy.Release.Status": "skipped",
-    "Comfy.Minimap.Visible": False,             # keeps the screenshots to the graph
-    "Comfy.Graph.CanvasInfo": False,
-    "Comfy.Workflow.WorkflowTabsPosition": "Sidebar",  # no row of a dozen tabs over the screenshots
-    "Comfy.Workflow.ShowMissingNodesWarning": True,  # the dialog under test stays on
-}
+# the stock templates' thumbnails (hundreds of animated images and videos under /templates/) are not fetched:
+# decoding them starves a 2-core machine and they are not what is tested (the pack's cards show their default)
+STOCK_THUMBNAILS = [f"**/templates/*.{ext}" for ext in ("webp", "png", "jpg", "jpeg", "gif", "mp4", "webm", "mp3")]
+UI_TIMEOUT_MS = 60_000  # any one step in the page (a dialog opening, a click landing), generous for 2 busy cores
 
 # ---- page-side helpers (run in the browser) -------------------------------------------------------------
-JS_READY = """() => !!(window.app && window.app.graph && window.app.canvas && window.app.extensionManager
-    && window.LiteGraph && window.LiteGraph.registered_node_types['TiledAttentionPatch']
-    && document.querySelector('#graph-canvas'))"""
-
 # a drag from the desktop ends with dragover + drop; the point is one over no node (a node under the cursor
 # gets the first say about a dropped file)
 JS_DROP = """([name, text]) => {
@@ -74,29 +68,10 @@ JS_DROP = """([name, text]) => {
 }"""
 
 JS_GRAPH = """() => app.graph._nodes.map(n => ({
-    id: n.id, type: n.type, title: n.title, comfyClass: n.constructor?.comfyClass ?? null,
+    id: String(n.id), type: n.type, title: n.title, comfyClass: n.constructor?.comfyClass ?? null,
     registered: !!LiteGraph.registered_node_types[n.type],
     widgets: (n.widgets || []).map(w => ({name: w.name, type: w.type, value: w.value})),
 }))"""
-
-# the view fitted to the graph right of the side bar and below the floating toolbar: its full width, and the
-# height of its nodes and groups (a tall note may run off the bottom)
-JS_FIT = """() => {
-    const c = app.canvas, el = c.canvas, left = 70, top = 80, pad = 25;
-    const rects = app.graph._nodes.map(n => [n.type, n.boundingRect])
-        .concat((app.graph._groups || []).map(g => ['group', g._bounding || g.boundingRect]));
-    const tall = rects.filter(([t]) => !/Note$/.test(t)).map(([, b]) => b), all = rects.map(([, b]) => b);
-    const x0 = Math.min(...all.map(b => b[0])), x1 = Math.max(...all.map(b => b[0] + b[2]));
-    const y0 = Math.min(...tall.map(b => b[1])), y1 = Math.max(...tall.map(b => b[1] + b[3]));
-    const w = el.clientWidth - left, h = el.clientHeight - top;
-    const scale = Math.min((w - 2 * pad) / (x1 - x0), (h - 2 * pad) / (y1 - y0), 1);
-    c.ds.scale = scale;
-    c.ds.offset[0] = left / scale + (w / scale - (x1 - x0)) / 2 - x0;
-    c.ds.offset[1] = (top + pad) / scale - y0;
-    c.setDirty(true, true);
-    c.draw(true, true);
-    return scale;
-}"""
 
 JS_STORES = "document.querySelector('#vue-app').__vue_app__.config.globalProperties.$pinia._s"
 
@@ -108,6 +83,13 @@ JS_DIALOGS = """() => {
 }""" % JS_STORES
 
 # the rows of the missing-nodes dialog as shown: one row per missing type, the type name in its first span
+# frontend 1.49.6: missing node types go to the 'missingNodesError' store and open the error overlay
+JS_MISSING_STATE = """() => {
+    const s = %s, m = s.get('missingNodesError'), e = s.get('executionError');
+    return {store: !!m, types: (m?.missingNodesError?.nodeTypes ?? []).map(t => typeof t === 'string' ? t : t.type),
+            overlay: !!e?.isErrorOverlayOpen};
+}""" % JS_STORES
+
 JS_MISSING_ROWS = """() => [...document.querySelectorAll('.p-dialog')]
     .filter(d => d.offsetParent !== null || d.getClientRects().length)
     .flatMap(d => [...d.querySelectorAll('div.min-h-8 > span:first-child')].map(s => s.textContent.trim()))"""
@@ -116,14 +98,14 @@ JS_ACTIVE_WORKFLOW = """() => { const w = %s.get('workflow').activeWorkflow;
     return {name: w?.filename ?? null, new: w !== window.__testBefore}; }""" % JS_STORES
 
 
-def _skip_unless_browser():
+def _require_browser():
     if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
-        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium, or set CHROMIUM_PATH); ./dev test "
-                    f"installs Debian's package when run as root")
+        missing(f"no Chromium at {CHROMIUM} (apt-get install chromium fonts-wqy-microhei, or set CHROMIUM_PATH); "
+                "./dev test installs Debian's package when run as root")
     try:
         import playwright.sync_api  # noqa: F401
     except Exception as e:  # noqa: BLE001 - any import problem means: no browser tests here
-        pytest.skip(f"the playwright Python package is unusable here: {e!r}")
+        missing(f"the playwright Python package is unusable here: {e!r}")
 
 
 def _post_json(url, payload):
@@ -138,16 +120,27 @@ def _load(path):
         return json.load(f)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    _skip_unless_browser()
-    require_comfy()
-    base = tmp_path_factory.mktemp("comfy-browser")
-    srv = ComfyServer(base, extra_custom_nodes=())  # stock 0.3.75 + this pack only
+@pytest.fixture(scope="module", params=[OLDEST, LATEST], ids=[f"comfyui-{v}" for v in (OLDEST, LATEST)])
+def server(request, tmp_path_factory):
+    """A stock ComfyUI server of one version with this pack (and no other custom node), the frontend that
+    version pins, and the frontend's first-run popups off."""
+    version = request.param
+    _require_browser()
+    comfy = comfy_path(version)
+    if comfy is None:
+        missing(f"no ComfyUI {version}: run the suite with ./dev test (it sets up the stock ComfyUIs)")
+    frontend = pinned_frontend(comfy)
+    if version in FRONTENDS and not os.path.isdir(FRONTENDS[version]):
+        missing(f"no frontend {frontend} for ComfyUI {version} at {FRONTENDS[version]}: run ./dev setup")
+    base = tmp_path_factory.mktemp(f"comfy-browser-{version}")
+    write_placeholders(str(base), WORKFLOWS)
+    srv = ComfyServer(base, version=version, extra_custom_nodes=())
     t0 = time.time()
     srv.start()
     srv.start_s = time.time() - t0
-    assert _post_json(srv.url + "/settings", SETTINGS) == 200
+    srv.frontend = frontend
+    srv.artifacts = os.path.join(ARTIFACTS, f"comfyui-{version}")
+    assert _post_json(srv.url + "/settings", settings(frontend)) == 200
     yield srv
     srv.stop()
 
@@ -162,42 +155,45 @@ def page(server):
     from playwright.sync_api import Error as PlaywrightError
     from playwright.sync_api import sync_playwright
 
-    os.makedirs(ARTIFACTS, exist_ok=True)
+    os.makedirs(server.artifacts, exist_ok=True)
     profile = tempfile.mkdtemp(prefix="chromium-profile-")
     console = []
     try:
         pw = sync_playwright().start()
     except Exception as e:  # noqa: BLE001
-        pytest.skip(f"playwright could not start its driver: {e!r}")
+        shutil.rmtree(profile, ignore_errors=True)
+        missing(f"playwright could not start its driver: {e!r}")
     try:
         ctx = pw.chromium.launch_persistent_context(
             profile, executable_path=CHROMIUM, headless=True, args=LAUNCH_FLAGS, viewport=VIEWPORT, timeout=60_000)
     except PlaywrightError as e:
         pw.stop()
         shutil.rmtree(profile, ignore_errors=True)
-        pytest.skip(f"Chromium at {CHROMIUM} would not start under playwright: {str(e)[:800]}")
+        missing(f"Chromium at {CHROMIUM} would not start under playwright: {str(e)[:800]}")
     try:
-        ctx.add_init_script("localStorage.setItem('vueNodesBannerDismissed', 'true')")  # the Nodes 2.0 banner
+        ctx.add_init_script(INIT_SCRIPT)
+        for pattern in STOCK_THUMBNAILS:  # matched by the driver: other requests never wait on Python
+            ctx.route(pattern, lambda route: route.abort())
         pg = ctx.pages[0] if ctx.pages else ctx.new_page()
         pg.on("console", lambda m: console.append(f"[{m.type}] {m.text}"))
         pg.on("pageerror", lambda e: console.append(f"[pageerror] {e}"))
+        pg.console = console
+        pg.version = server.version
+        pg.artifacts = server.artifacts
         t0 = time.time()
         pg.goto(server.url + "/", wait_until="load", timeout=90_000)
         try:
             pg.wait_for_function(JS_READY, timeout=90_000, polling=200)
         except PlaywrightError:
-            pg.screenshot(path=os.path.join(ARTIFACTS, "startup-failure.png"))
+            pg.screenshot(path=os.path.join(server.artifacts, "startup-failure.png"))
             raise AssertionError("the ComfyUI frontend did not come up:\n" + "\n".join(console[-40:]))
         pg.ready_s = time.time() - t0
-        # full-detail node drawing at any zoom, for readable screenshots (the frontend resets this setting
-        # when it starts, so it is set here, through its own settings API)
-        pg.evaluate("() => app.extensionManager.setting.set('LiteGraph.Canvas.MinFontSizeForLOD', 0)")
-        pg.console = console
+        pg.evaluate(JS_FULL_DETAIL)
         # nothing open at the start (first-run templates dialog, release notes...)
         assert _dialogs(pg) == [], _dialogs(pg)
         yield pg
     finally:
-        with open(os.path.join(ARTIFACTS, "console.log"), "w") as f:
+        with open(os.path.join(server.artifacts, "console.log"), "w") as f:
             f.write("\n".join(console))
         ctx.close()
         pw.stop()
@@ -215,7 +211,7 @@ def _graph(pg):
 
 
 def _same_graph(pg, wf):
-    want = sorted((n["id"], n["type"]) for n in wf["nodes"])
+    want = sorted((str(n["id"]), n["type"]) for n in wf["nodes"])
     return sorted((n["id"], n["type"]) for n in _graph(pg)) == want
 
 
@@ -225,9 +221,9 @@ def _mark(pg):
     pg.evaluate(f"() => {{ window.__testBefore = {JS_STORES}.get('workflow').activeWorkflow; }}")
 
 
-def _wait_loaded(pg, wf, name, timeout=30):
+def _wait_loaded(pg, wf, name, timeout=UI_TIMEOUT_MS / 1000):
     """Until the frontend has made a new workflow of this name the active one (the last step of
-    app.loadGraphData, after the missing-nodes dialog would have been shown) and its graph is this file's."""
+    app.loadGraphData, after missing nodes would have been reported) and its graph is this file's."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         active = pg.evaluate(JS_ACTIVE_WORKFLOW)
@@ -248,25 +244,31 @@ def _expected_missing(pg, wf, object_info):
     return {n["type"] for n in wf["nodes"]} - set(object_info) - frontend_only
 
 
-def _check_missing_dialog(pg, wf, name, object_info, shot_prefix):
+def _check_missing_nodes(pg, wf, name, object_info, shot_prefix):
     expected = _expected_missing(pg, wf, object_info)
     assert not (expected & set(PACK_NODES)), f"this pack's nodes missing from /object_info: {expected}"
+    if pg.version == LATEST or name.startswith("wan22_"):
+        assert not expected, f"stock ComfyUI {pg.version} lacks {sorted(expected)} used by {name}"
     dialogs = _dialogs(pg)
-    missing = [d for d in dialogs if d["key"] == "global-missing-nodes"]
-    if name.startswith("wan22_"):
-        assert not expected, f"stock 0.3.75 lacks {sorted(expected)} used by {name}"
+    if pg.version == LATEST:  # frontend 1.49.6: the missing-nodes store and the error overlay, not a dialog
+        state = pg.evaluate(JS_MISSING_STATE)
+        assert state["store"], "frontend has no 'missingNodesError' store: not the frontend this test knows"
+        assert state["types"] == [] and not state["overlay"] and dialogs == [], \
+            f"{name}: missing nodes reported {state}, dialogs {dialogs}"
+        return
     if not expected:
         assert dialogs == [], f"{name}: dialogs open after loading: {dialogs}"
         return
-    # LTX-2.3: stock 0.3.75 lacks a few of its core types; the dialog must list exactly those
-    assert len(missing) == 1 and len(dialogs) == 1, f"{name}: dialogs {dialogs}"
-    listed = set(missing[0]["missingNodeTypes"])
+    # LTX-2.3 in 0.3.75 with frontend 1.32.9: the dialog lists exactly the core types stock 0.3.75 lacks
+    missing_dialogs = [d for d in dialogs if d["key"] == "global-missing-nodes"]
+    assert len(missing_dialogs) == 1 and len(dialogs) == 1, f"{name}: dialogs {dialogs}"
+    listed = set(missing_dialogs[0]["missingNodeTypes"])
     assert listed == expected, f"{name}: dialog lists {sorted(listed)}, stock 0.3.75 lacks {sorted(expected)}"
-    pg.wait_for_function(f"() => ({JS_MISSING_ROWS})().length >= {len(expected)}", timeout=5000)
+    pg.wait_for_function(f"() => ({JS_MISSING_ROWS})().length >= {len(expected)}", timeout=UI_TIMEOUT_MS)
     rows = pg.evaluate(JS_MISSING_ROWS)
     assert set(rows) == expected, f"{name}: dialog rows shown {rows}, want {sorted(expected)}"
     assert not set(rows) & set(PACK_NODES)
-    pg.screenshot(path=os.path.join(ARTIFACTS, f"{shot_prefix}-{name}-missing-nodes.png"))
+    pg.screenshot(path=os.path.join(pg.artifacts, f"{shot_prefix}-{name}-missing-nodes.png"))
     pg.keyboard.press("Escape")
     try:
         pg.wait_for_function(f"() => {JS_STORES}.get('dialog').dialogStack.length === 0", timeout=5000)
@@ -293,7 +295,7 @@ def _check_pack_nodes(pg, wf, name, object_info):
         saved = [n for n in wf["nodes"] if n["type"] == ntype]
         assert saved, f"{name} has no {ntype} node"
         for s in saved:
-            live = nodes[s["id"]]
+            live = nodes[str(s["id"])]
             assert live["registered"] and live["comfyClass"] == ntype, live
             assert live["title"] == s.get("title", display), live
             want_names = _widget_inputs(object_info[ntype])
@@ -302,15 +304,15 @@ def _check_pack_nodes(pg, wf, name, object_info):
             assert [got[k] for k in want_names] == s["widgets_values"][:len(want_names)], live["widgets"]
     # the patch nodes sit on the model path: drawn after fitting the view to the graph
     pg.evaluate(JS_FIT)
-    visible = set(pg.evaluate("() => app.canvas.visible_nodes.map(n => n.id)"))
+    visible = set(pg.evaluate("() => app.canvas.visible_nodes.map(n => String(n.id))"))
     for s in wf["nodes"]:
         if s["type"] in PACK_NODES:
-            assert s["id"] in visible, f"{name}: {s['type']} #{s['id']} not drawn on the canvas"
+            assert str(s["id"]) in visible, f"{name}: {s['type']} #{s['id']} not drawn on the canvas"
 
 
 def _shot(pg, prefix, name):
     pg.wait_for_timeout(250)
-    path = os.path.join(ARTIFACTS, f"{prefix}-{name}.png")
+    path = os.path.join(pg.artifacts, f"{prefix}-{name}.png")
     pg.screenshot(path=path)
     assert os.path.getsize(path) > 10_000
     return path
@@ -318,12 +320,11 @@ def _shot(pg, prefix, name):
 
 # ---- tests ----------------------------------------------------------------------------------------------
 
-def test_frontend_is_the_pip_package(server, page):
-    from importlib.metadata import version
+def test_frontend_is_the_pinned_one(server, page):
     served = page.evaluate("async () => (await app.graphToPrompt()).workflow.extra.frontendVersion")
-    assert served == version("comfyui_frontend_package"), served
-    assert server.get("/system_stats")["system"]["comfyui_version"] == "0.3.75"
-    print(f"\nserver up in {server.start_s:.1f}s, frontend {served} ready in {page.ready_s:.1f}s")
+    assert served == server.frontend, f"ComfyUI {server.version} serves frontend {served}, pins {server.frontend}"
+    assert server.get("/system_stats")["system"]["comfyui_version"] == server.version
+    print(f"\nComfyUI {server.version} up in {server.start_s:.1f}s, frontend {served} ready in {page.ready_s:.1f}s")
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=IDS)
@@ -335,15 +336,13 @@ def test_drop_workflow_file(page, object_info, path):
     _mark(page)
     page.evaluate(JS_DROP, [os.path.basename(path), text])
     _wait_loaded(page, wf, name)
-    _check_missing_dialog(page, wf, name, object_info, "drop")
+    _check_missing_nodes(page, wf, name, object_info, "drop")
     _check_pack_nodes(page, wf, name, object_info)
-    shot = _shot(page, "drop", name)
-    if name == DOCS_SOURCE:
-        os.makedirs(os.path.dirname(DOCS_SCREENSHOT), exist_ok=True)
-        shutil.copyfile(shot, DOCS_SCREENSHOT)
+    _shot(page, "drop", name)
 
 
 def test_server_lists_pack_templates(server):
+    assert set(DOCUMENTED) <= set(IDS), f"workflows/ lacks {sorted(set(DOCUMENTED) - set(IDS))}"
     templates = server.get("/api/workflow_templates")
     assert sorted(templates.get(MODULE, [])) == sorted(IDS), templates
     for name in IDS:  # and serves each file where the frontend's templates dialog fetches it
@@ -356,19 +355,19 @@ def test_open_from_templates_dialog(page, object_info, path):
     name = os.path.basename(path)[:-5]
     wf = _load(path)
     _mark(page)
-    page.locator(".templates-tab-button").click(timeout=10_000)  # the side bar's Templates button
-    page.wait_for_selector('[data-testid="template-workflows-content"]', timeout=20_000)
+    page.locator(".templates-tab-button").click(timeout=UI_TIMEOUT_MS)  # the side bar's Templates button
+    page.wait_for_selector('[data-testid="template-workflows-content"]', timeout=UI_TIMEOUT_MS)
     # the left navigation: "Extensions" > the pack's folder name
-    page.get_by_text(MODULE, exact=True).first.click(timeout=10_000)
+    page.get_by_text(MODULE, exact=True).first.click(timeout=UI_TIMEOUT_MS)
     card = page.locator(f'[data-testid="template-workflow-{name}"]')
-    card.wait_for(state="visible", timeout=10_000)
+    card.wait_for(state="visible", timeout=UI_TIMEOUT_MS)
     if name == IDS[0]:
         cards = page.locator('[data-testid^="template-workflow-"]')
         shown = sorted(c.get_attribute("data-testid")[len("template-workflow-"):] for c in cards.all())
         assert shown == sorted(IDS), shown
-        page.screenshot(path=os.path.join(ARTIFACTS, "templates-dialog.png"))
-    card.click()
+        page.screenshot(path=os.path.join(page.artifacts, "templates-dialog.png"))
+    card.click(timeout=UI_TIMEOUT_MS)
     _wait_loaded(page, wf, name)
-    _check_missing_dialog(page, wf, name, object_info, "template")
+    _check_missing_nodes(page, wf, name, object_info, "template")
     _check_pack_nodes(page, wf, name, object_info)
     _shot(page, "template", name)
