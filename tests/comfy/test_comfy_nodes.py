@@ -1,4 +1,6 @@
-"""The nodes inside a real ComfyUI 0.3.75: real loaders, real Wan 2.2 5B / LTX-Video classes, real sampler."""
+"""The nodes inside a real ComfyUI (0.33.0, or 0.3.75 under TILED_ATTENTION_TEST_COMFYUI): real loaders, real Wan 2.2
+5B / LTX-Video classes, real sampler; the nodes as ComfyUI's V3 loader gets them (comfy_entrypoint)."""
+import asyncio
 import copy
 
 import pytest
@@ -11,6 +13,16 @@ from tools.tiny_models import write_ltxv, write_wan22_5b
 @pytest.fixture(scope="module")
 def pack():
     return load_pack()
+
+
+def node_classes(pack):
+    """{node id: class} as ComfyUI's loader builds it from the pack's comfy_entrypoint."""
+    extension = asyncio.run(pack.comfy_entrypoint())
+    return {cls.GET_SCHEMA().node_id: cls for cls in asyncio.run(extension.get_node_list())}
+
+
+def run_node(pack, node_id, *args):
+    return node_classes(pack)[node_id].execute(*args)
 
 
 def load_tiny(tmp_path_factory, writer, name, model_config):
@@ -32,8 +44,7 @@ def ltxv(tmp_path_factory, pack):
 
 
 def patch_node(pack, model, mode="chunked", budget=0, half="keep", min_tokens=0):
-    node = pack.NODE_CLASS_MAPPINGS["TiledAttentionPatch"]()
-    return node.patch(model, mode, budget, half, min_tokens)[0]
+    return run_node(pack, "TiledAttentionPatch", model, mode, budget, half, min_tokens)[0]
 
 
 def settings_of(model):
@@ -62,11 +73,43 @@ def ltxv_inputs():
                                                       {"attention_mask": mask})
 
 
-def test_nodes_registered(pack):
-    assert set(pack.NODE_CLASS_MAPPINGS) == {"TiledAttentionPatch", "TiledFFNChunking", "TiledAttentionInfo"}
-    for cls in pack.NODE_CLASS_MAPPINGS.values():
-        spec = cls.INPUT_TYPES()
-        assert "required" in spec and cls.FUNCTION and cls.CATEGORY
+def test_nodes_registered_with_old_ids_inputs_and_tooltips(pack):
+    classes = node_classes(pack)
+    assert {"TiledAttentionPatch", "TiledFFNChunking", "TiledAttentionInfo"} <= set(classes)
+    assert set(classes) == {"TiledAttentionPatch", "TiledAttentionPatchCLIP", "TiledAttentionPatchVAE",
+                            "TiledFFNChunking", "TiledAttentionInfo"}
+    old_inputs = {"TiledAttentionPatch": ["model", "mode", "memory_budget_mb", "half_precision", "min_tokens"],
+                  "TiledFFNChunking": ["model", "chunks", "enabled"], "TiledAttentionInfo": []}
+    for node_id, cls in classes.items():
+        info = cls.GET_NODE_INFO_V1()
+        assert info["category"] == "model_patches/attention" and info["description"]
+        if node_id in old_inputs:
+            assert info["input_order"].get("required", []) == old_inputs[node_id]
+        for name, spec in info["input"].get("required", {}).items():
+            assert spec[1].get("tooltip"), f"{node_id}.{name} has no tooltip"
+    patch = classes["TiledAttentionPatch"].GET_NODE_INFO_V1()["input"]["required"]
+    def options(spec):  # V3 combos: ("COMBO", {"options": [...]}); V1: ([...], {})
+        return spec[0] if isinstance(spec[0], list) else spec[1]["options"]
+    assert options(patch["mode"]) == ["auto", "chunked", "online", "inplace", "off"]
+    assert options(patch["half_precision"]) == ["keep", "bf16_to_fp16", "fp32"]
+    assert patch["min_tokens"][1]["default"] == 1024
+
+
+def test_nodes_pin_a_stable_comfy_api(pack):
+    """Every comfy_api import of the nodes names one versioned API, never `latest`."""
+    import ast
+    import glob
+    import os
+    imports = set()
+    for path in glob.glob(os.path.join(os.path.dirname(pack.nodes.__file__), "*.py")):
+        for n in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            if isinstance(n, ast.ImportFrom) and n.module and n.module.startswith("comfy_api"):
+                imports.add(n.module)
+            elif isinstance(n, ast.Import):
+                imports.update(a.name for a in n.names if a.name.startswith("comfy_api"))
+    assert imports == {"comfy_api.v0_0_2"}, imports
+    import comfy_api.v0_0_2
+    assert pack.nodes.api.io is comfy_api.v0_0_2.io
 
 
 @pytest.mark.parametrize("mode", ["chunked", "online", "inplace", "auto"])
@@ -198,11 +241,10 @@ def test_ffn_chunking_exact_restored_and_lora_applies(pack, wan, tmp_path):
     import comfy.model_management
     import comfy.sd
     from tiled_attention_pack.attention_core.ffn import ChunkedFFN
-    node = pack.NODE_CLASS_MAPPINGS["TiledFFNChunking"]()
     keys = set(wan.model.state_dict())
     latent, cond = wan_inputs()
     ref = sample(wan, latent, cond, steps=1)
-    chunked = node.patch(wan, 4, True)[0]
+    chunked = run_node(pack, "TiledFFNChunking", wan, 4, True)[0]
     patches = [k for k in chunked.object_patches if k.endswith(".ffn.forward")]
     assert len(patches) == 2
     out = sample(chunked, latent, cond, steps=1)
@@ -229,14 +271,14 @@ def test_ffn_chunking_exact_restored_and_lora_applies(pack, wan, tmp_path):
 
 
 def test_ffn_chunking_finds_ltx_ff(pack, ltxv):
-    node = pack.NODE_CLASS_MAPPINGS["TiledFFNChunking"]()
-    m = node.patch(ltxv, 0, True)[0]
+    m = run_node(pack, "TiledFFNChunking", ltxv, 0, True)[0]
     assert sorted(k for k in m.object_patches) == [f"diffusion_model.transformer_blocks.{i}.ff.forward"
                                                   for i in range(2)]
-    assert node.patch(ltxv, 0, False)[0].object_patches == {}
+    assert run_node(pack, "TiledFFNChunking", ltxv, 0, False)[0].object_patches == {}
 
 
 def test_info_node_reports(pack):
-    out = pack.NODE_CLASS_MAPPINGS["TiledAttentionInfo"]().info()
-    text = out["result"][0]
+    out = run_node(pack, "TiledAttentionInfo")
+    text = out[0]
+    assert out.ui == {"text": [text]}
     assert "needs tiled attention" in text and "ComfyUI's own attention: attention_" in text

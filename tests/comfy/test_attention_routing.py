@@ -1,0 +1,172 @@
+"""Every attention call of the text encoder and the VAE through the pack, in the real ComfyUI (either test
+version): the tiny UMT5 (Wan's text encoder) and the tiny Wan 2.2 VAE loaded by ComfyUI's own loaders, attention
+calls counted where ComfyUI's own functions run (tests/support/attention_calls.py) and where the pack's run."""
+import asyncio
+
+import pytest
+import torch
+
+from attention_calls import count_comfy_attention
+from comfy_harness import load_pack
+from tools.comfyui import inprocess_version
+
+
+@pytest.fixture(scope="module")
+def counts(pack):
+    with count_comfy_attention() as c:  # models are built inside: the VAE picks its function at build time
+        yield c
+
+
+@pytest.fixture(scope="module")
+def pack():
+    return load_pack()
+
+
+@pytest.fixture(scope="module")
+def node(pack):
+    nodes = asyncio.run(asyncio.run(pack.comfy_entrypoint()).get_node_list())
+    by_id = {n.GET_SCHEMA().node_id: n for n in nodes}
+    return lambda node_id, *args: by_id[node_id].execute(*args)[0]
+
+
+def write_tiny_umt5(path):
+    """tools.tiny_models.write_umt5, with the block-23 detection key shaped for the ComfyUI under test (0.3.75
+    reads its width, 0.33.0 its height)."""
+    from safetensors.torch import load_file, save_file
+
+    from tools.tiny_models import write_umt5
+    write_umt5(path)
+    sd = load_file(path)
+    key = "encoder.block.23.layer.1.DenseReluDense.wi_1.weight"
+    sd[key] = torch.zeros((1, 4096) if inprocess_version() == "0.3.75" else (10240, 1), dtype=torch.float16)
+    save_file(sd, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory, counts):
+    import comfy.sd
+    import tools.tiny_model_loaders  # noqa: F401 - the test-only loader shim: the tiny sizes reach the loader
+    path = write_tiny_umt5(str(tmp_path_factory.mktemp("te") / "umt5_tiny.safetensors"))
+    c = comfy.sd.load_clip(ckpt_paths=[path], clip_type=comfy.sd.CLIPType.WAN)
+    assert type(c.cond_stage_model).__name__ == "WanTEModel"
+    return c
+
+
+@pytest.fixture(scope="module")
+def vae(tmp_path_factory, counts):
+    import comfy.sd
+    import comfy.utils
+    import tools.tiny_model_loaders  # noqa: F401
+    from tools.tiny_models import write_wan22_vae
+    path = write_wan22_vae(str(tmp_path_factory.mktemp("vae") / "wan22_vae_tiny.safetensors"))
+    return comfy.sd.VAE(sd=comfy.utils.load_torch_file(path))
+
+
+def stats_of(patcher):
+    routes = [p for p in patcher.object_patches.values() if hasattr(p, "inner")]
+    assert routes, "no pack route among the object patches"
+    s = routes[0].settings
+    return s.stats
+
+
+def encode(clip, text="a cat sitting on a mat"):
+    return clip.encode_from_tokens_scheduled(clip.tokenize(text))[0][0]
+
+
+def test_text_encoder_every_call_through_the_pack_and_gone_after(clip, node, counts):
+    counts.reset()
+    ref = encode(clip)
+    before = counts.total
+    assert before == 2, counts.by_function  # 2 UMT5 layers, one self-attention each
+    patched = node("TiledAttentionPatchCLIP", clip, "chunked", 0, "keep", 0)
+    counts.reset()
+    out = encode(patched)
+    stats = stats_of(patched.patcher)
+    assert counts.total == 0, counts.by_function
+    assert stats == {"engine": 2, "passthrough": 0}
+    assert torch.allclose(out, ref, atol=1e-4, rtol=1e-4), (out - ref).abs().max()
+    # the CLIP that went in is untouched, and the patch is gone when it runs again
+    assert not any(hasattr(p, "inner") for p in clip.patcher.object_patches.values())
+    counts.reset()
+    again = encode(clip)
+    assert counts.total == before and stats == {"engine": 2, "passthrough": 0}
+    assert torch.equal(again, ref)
+
+
+def test_text_encoder_min_tokens_and_off_pass_to_comfy(clip, node, counts):
+    patched = node("TiledAttentionPatchCLIP", clip, "chunked", 0, "keep", 10 ** 6)
+    counts.reset()
+    encode(patched)
+    assert counts.total == 2 and stats_of(patched.patcher) == {"engine": 0, "passthrough": 2}
+    off = node("TiledAttentionPatchCLIP", patched, "off", 0, "keep", 0)
+    assert not any(hasattr(p, "inner") for p in off.patcher.object_patches.values())
+    counts.reset()
+    encode(off)
+    assert counts.total == 2
+
+
+def test_text_encoder_later_node_wins(clip, node):
+    first = node("TiledAttentionPatchCLIP", clip, "online", 0, "keep", 10 ** 6)
+    second = node("TiledAttentionPatchCLIP", first, "chunked", 0, "keep", 0)
+    for key, route in second.patcher.object_patches.items():
+        if hasattr(route, "inner"):
+            assert not hasattr(route.inner, "inner"), f"{key}: a route wrapped in a route"
+    encode(second)
+    assert stats_of(second.patcher)["engine"] == 2 and stats_of(first.patcher)["engine"] == 0
+
+
+def decode(vae, latent):
+    with torch.no_grad():
+        return vae.decode(latent)
+
+
+def test_vae_every_call_through_the_pack_and_gone_after(vae, node, counts):
+    latent = torch.randn(1, 48, 2, 4, 4, generator=torch.Generator().manual_seed(0))
+    counts.reset()
+    ref = decode(vae, latent)
+    before = counts.total
+    assert before >= 2, counts.by_function  # the decoder's middle attention block, per latent frame
+    patched = node("TiledAttentionPatchVAE", vae, "chunked", 0, "keep", 0)
+    assert patched is not vae and patched.patcher is not vae.patcher
+    counts.reset()
+    out = decode(patched, latent)
+    stats = stats_of(patched.patcher)
+    assert counts.total == 0, counts.by_function
+    assert stats["engine"] == before and stats["passthrough"] == 0
+    assert torch.allclose(out, ref, atol=1e-4, rtol=1e-4), (out - ref).abs().max()
+    assert not vae.patcher.object_patches
+    counts.reset()
+    again = decode(vae, latent)
+    assert counts.total == before and stats["engine"] == before
+    assert torch.equal(again, ref)
+
+
+def test_vae_route_matches_comfy_attention_on_its_shapes(vae, node):
+    """The block-level function on [B, C, T, H, W]-style inputs (the decode above may saturate)."""
+    patched = node("TiledAttentionPatchVAE", vae, "online", 0, "keep", 0)
+    key = next(k for k, p in patched.patcher.object_patches.items() if hasattr(p, "inner"))
+    route = patched.patcher.object_patches[key]
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 16, 5, 7, generator=g) for _ in range(3))
+    ref = route.inner(q, k, v)
+    out = route(q, k, v)
+    assert out.shape == ref.shape and torch.allclose(out, ref, atol=1e-5, rtol=1e-5), (out - ref).abs().max()
+
+
+def test_registered_backend_changes_no_default(pack, counts):
+    import comfy.ldm.modules.attention as attention
+    before = attention.optimized_attention, attention.optimized_attention_masked
+    assert asyncio.run(pack.comfy_entrypoint()) is not None  # a second load: registration is idempotent
+    tiled = attention.get_attention_function("tiled")
+    assert (attention.optimized_attention, attention.optimized_attention_masked) == before
+    assert attention.optimized_attention_for_device(torch.device("cpu"), small_input=True) is not tiled
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 33, 4 * 8, generator=g) for _ in range(3))
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        *(t.view(2, 33, 4, 8).transpose(1, 2) for t in (q, k, v))).transpose(1, 2).reshape(2, 33, 32)
+    counts.reset()
+    engine_before = tiled.settings.stats["engine"]
+    out = tiled(q, k, v, 4)
+    assert counts.total == 0 and tiled.settings.stats["engine"] == engine_before + 1
+    assert torch.allclose(out, ref, atol=1e-5)
