@@ -10,12 +10,14 @@ clone(): the node makes a shallow copy that owns the cloned patcher, so the inpu
 from __future__ import annotations
 
 import copy
+import logging
 import math
 
 from .comfy_adapter import POSITIONAL, PatchSettings, run_engine, wants_engine
 from .object_routes import set_routes
 
 ATTRIBUTE = "optimized_attention"
+log = logging.getLogger("tiled_attention")
 
 
 class VaeAttentionRoute:
@@ -34,6 +36,9 @@ class VaeAttentionRoute:
             self.settings.stats["passthrough"] += 1
             return self.inner(q, k, v)
         self.settings.stats["engine"] += 1
+        if self.settings.stats["engine"] == 1:
+            log.info("[tiled-attention] %s: tiled attention running (mode %s), first call q %s", self.settings.node,
+                     self.settings.mode, tuple(shape))
         heads = [t.reshape(b, 1, c, -1).transpose(2, 3) for t in (q, k, v)]
         call = dict(zip(POSITIONAL, (*heads, 1, None, None, True, True)))
         out = run_engine(self.settings, call, {})
