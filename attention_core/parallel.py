@@ -30,118 +30,36 @@ from typing import List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from .ops import attention_backward, attention_forward
 from .sdpa import scaled_dot_product_attention
 
 __all__ = ["ulysses_attention", "ring_attention", "zigzag_chunks"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# the per-block (out, lse) primitive: the engine's ops when present, else a row-chunked math fallback
-
-
-def _engine_ops():
-    try:
-        from . import ops  # engine's attention_forward / attention_backward (out, lse) API
-    except ImportError:
-        return None
-    if hasattr(ops, "attention_forward") and hasattr(ops, "attention_backward"):
-        return ops
-    return None
+# the per-block (out, lse) primitive: the engine's raw ops
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _row_chunk(B: int, H: int, Lk: int, budget_bytes: int = 64 << 20) -> int:
-    return max(16, budget_bytes // max(1, B * H * Lk * 8))
-
-
-def _scores(q, k, mask, causal, scale, r0, acc):
-    """Scaled masked scores of query rows r0.. against all of k, in acc dtype; causal = top-left diagonal."""
-    s = torch.matmul(q.to(acc), k.to(acc).transpose(-1, -2)) * scale
-    if mask is not None:
-        m = mask[..., r0:r0 + q.shape[-2], :] if mask.shape[-2] > 1 else mask
-        s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.to(acc)
-    if causal:
-        rows = torch.arange(r0, r0 + q.shape[-2], device=q.device)[:, None]
-        cols = torch.arange(k.shape[-2], device=q.device)[None, :]
-        s = s.masked_fill(cols > rows, float("-inf"))
-    return s
-
-
-def _fallback_forward(q, k, v, mask, causal, scale):
-    """(out [B,H,Lq,Dv] in q's dtype, lse [B,H,Lq] in fp32/fp64), rows in chunks: O(chunk x Lk) extra memory."""
-    acc = _acc_dtype(q.dtype)
-    B, H, Lq, _ = q.shape
-    out = torch.empty(B, H, Lq, v.shape[-1], dtype=q.dtype, device=q.device)
-    lse = torch.empty(B, H, Lq, dtype=acc, device=q.device)
-    step = _row_chunk(B, H, k.shape[-2])
-    for r0 in range(0, Lq, step):
-        s = _scores(q[..., r0:r0 + step, :], k, mask, causal, scale, r0, acc)
-        l = torch.logsumexp(s, dim=-1)
-        p = torch.exp(s - torch.where(torch.isfinite(l), l, 0.0)[..., None])
-        out[..., r0:r0 + step, :] = torch.matmul(p, v.to(acc)).to(q.dtype)
-        lse[..., r0:r0 + step] = l
-    return out, lse
-
-
-def _fallback_backward(dout, q, k, v, out, lse, mask, causal, scale):
-    """This K/V block's exact share of dQ and its dK, dV, given the GLOBAL out and lse (P = exp(S - lse))."""
-    acc = _acc_dtype(q.dtype)
-    dq = torch.empty(q.shape, dtype=acc, device=q.device)
-    dk = torch.zeros(k.shape, dtype=acc, device=q.device)
-    dv = torch.zeros(v.shape, dtype=acc, device=q.device)
-    ka, va = k.to(acc), v.to(acc)
-    step = _row_chunk(q.shape[0], q.shape[1], k.shape[-2])
-    for r0 in range(0, q.shape[-2], step):
-        sl = slice(r0, r0 + step)
-        qa, do, o, l = q[..., sl, :].to(acc), dout[..., sl, :].to(acc), out[..., sl, :].to(acc), lse[..., sl]
-        s = _scores(qa, ka, mask, causal, scale, r0, acc)
-        p = torch.exp(s - torch.where(torch.isfinite(l), l, float("inf"))[..., None])
-        dv += torch.matmul(p.transpose(-1, -2), do)
-        dp = torch.matmul(do, va.transpose(-1, -2))
-        ds = p * (dp - (do * o).sum(-1, keepdim=True))
-        dq[..., sl, :] = torch.matmul(ds, ka) * scale
-        dk += torch.matmul(ds.transpose(-1, -2), qa) * scale
-    return dq, dk, dv
-
-
 def _repeat_kv(t, groups):
     return t if groups == 1 else t.repeat_interleave(groups, dim=1)
 
 
-def _fold_kv(t, groups):
-    if groups == 1:
-        return t
-    B, H, L, D = t.shape
-    return t.reshape(B, H // groups, groups, L, D).sum(2)
-
-
 def block_forward(q, k, v, mask, causal, scale, engine_kwargs):
     """(out, lse) of q against one K/V block (GQA when k has fewer heads); lse fp32 (fp64 for fp64 inputs)."""
-    ops = _engine_ops()
-    gqa = q.shape[1] != k.shape[1]
-    if ops is not None:
-        out, lse = ops.attention_forward(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa,
-                                         **engine_kwargs)
-        return out, lse.to(_acc_dtype(q.dtype))
-    g = q.shape[1] // k.shape[1]
-    return _fallback_forward(q, _repeat_kv(k, g), _repeat_kv(v, g), mask, causal, scale)
+    return attention_forward(q, k, v, attn_mask=mask, is_causal=causal, scale=scale,
+                             enable_gqa=q.shape[1] != k.shape[1], **engine_kwargs)
 
 
 def block_backward(dout, q, k, v, out, lse, mask, causal, scale, engine_kwargs):
     """(dq, dk, dv) in the accumulation dtype: this block's exact contribution given the global out and lse."""
-    ops = _engine_ops()
-    gqa = q.shape[1] != k.shape[1]
     acc = _acc_dtype(q.dtype)
-    if ops is not None:
-        dq, dk, dv = ops.attention_backward(dout, q, k, v, out, lse, attn_mask=mask, is_causal=causal, scale=scale,
-                                            enable_gqa=gqa, **engine_kwargs)
-        return dq.to(acc), dk.to(acc), dv.to(acc)
-    g = q.shape[1] // k.shape[1]
-    dq, dk, dv = _fallback_backward(dout, q, _repeat_kv(k, g), _repeat_kv(v, g), out, lse, mask, causal, scale)
-    return dq, _fold_kv(dk, g), _fold_kv(dv, g)
+    dq, dk, dv = attention_backward(dout, q, k, v, out, lse, attn_mask=mask, is_causal=causal, scale=scale,
+                                    enable_gqa=q.shape[1] != k.shape[1], **engine_kwargs)
+    return dq.to(acc), dk.to(acc), dv.to(acc)
 
 
 def merge_partial(out_a, lse_a, out_b, lse_b):

@@ -38,6 +38,7 @@ CASES = {
     "mqa": dict(B=1, H=4, Hkv=1, n=6, D=8, gqa=True),
     "scale_dv": dict(B=1, H=4, Hkv=4, n=6, D=8, Dv=5, scale=0.3),
     "fp32": dict(B=1, H=4, Hkv=4, n=16, D=16, causal=True, dtype="float32"),
+    "fp16": dict(B=2, H=4, Hkv=2, n=16, D=16, gqa=True, mask="key_padding", dtype="float16"),
     "heads_not_divisible": dict(B=1, H=3, Hkv=3, n=6, D=8, expect={"ulysses": "ValueError"}),
     "ranks_disagree": dict(B=1, H=4, Hkv=4, n=6, D=8, bad="rank1_longer", expect="ValueError"),
     "rank0_malformed": dict(B=1, H=4, Hkv=4, n=6, D=8, bad="rank0_3d", expect="ValueError"),
@@ -65,7 +66,7 @@ def build(spec, P, seed):
     kind, mask = spec.get("mask"), None
     if kind == "key_padding":
         mask = torch.ones(B, 1, 1, N, dtype=torch.bool)
-        mask[0, ..., N - 5:] = False
+        mask[0, ..., N - n - 2:] = False  # more than a whole block: rows with lse = -inf in some blocks
         mask[1, ..., : 3] = False
     elif kind == "float_full":
         mask = torch.randn(B, H, N, N, generator=g, dtype=torch.float64)
@@ -151,33 +152,43 @@ def worker(rank, world, init, out_dir):
 _RUNS = {}
 
 
-def run_group(world, tmp_root):
-    """Spawn `world` worker processes once; returns {rank: {(case, algo): result}}."""
-    if world in _RUNS:
-        return _RUNS[world]
+def start_group(world, tmp_root):
     out_dir = os.path.join(tmp_root, f"world{world}")
     os.makedirs(out_dir, exist_ok=True)
     init = "file://" + os.path.join(out_dir, "rendezvous")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
-    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", str(r), str(world), init,
-                               out_dir], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-             for r in range(world)]
+    return out_dir, [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", str(r), str(world),
+                                       init, out_dir], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                     for r in range(world)]
+
+
+def collect_group(world, out_dir, procs, deadline):
+    """{rank: {(case, algo): result}} once every worker has exited (a hang past the deadline fails the test)."""
     logs = []
     for p in procs:
         try:
-            logs.append(p.communicate(timeout=300)[0].decode(errors="replace"))
+            logs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0].decode(errors="replace"))
         except subprocess.TimeoutExpired:
             for other in procs:
                 other.kill()
-            pytest.fail(f"the {world}-process group did not finish within 300 s (a hang)")
+            pytest.fail(f"the {world}-process group did not finish in time (a hang)")
     for r, p in enumerate(procs):
         assert p.returncode == 0, f"rank {r} of {world} failed:\n{logs[r][-4000:]}"
     runs = {}
     for r in range(world):
         with open(os.path.join(out_dir, f"rank{r}.pkl"), "rb") as f:
             runs[r] = pickle.load(f)
-    _RUNS[world] = runs
     return runs
+
+
+def run_group(world, tmp_root):
+    """Start every world size's workers at once (they share the CPUs); return the results for `world`."""
+    if not _RUNS:
+        started = {w: start_group(w, tmp_root) for w in WORLDS}
+        deadline = time.monotonic() + 600
+        for w, (out_dir, procs) in started.items():
+            _RUNS[w] = collect_group(w, out_dir, procs, deadline)
+    return _RUNS[world]
 
 
 @pytest.fixture(scope="module")
@@ -210,6 +221,23 @@ def test_every_rank(groups, world, algo, case):
         else:
             for what, e, s in zip(("out", "dq", "dk", "dv"), res["err"], res["scale"]):
                 assert e <= 1e-10 * max(1.0, s), f"{where} {what}: max error {e:.3g} (scale {s:.3g})"
+
+
+def test_zigzag_balances_causal_work():
+    """Causal ring: with the zigzag layout every rank attends the same number of (query, key) pairs."""
+    from attention_core.parallel import _Ring, zigzag_chunks
+
+    def work(seg, P, chunks_of=None):
+        ring = _Ring(None, 0, P, seg, 1, True, 1.0, None, {})
+        if chunks_of:
+            ring.chunks_of = chunks_of
+        return sum(0.5 if diag else 1.0 for owner in range(P) for _, _, diag, _ in ring.pairs(owner))
+
+    for P in (2, 4, 8):
+        zig = [work(zigzag_chunks(r, P), P) for r in range(P)]
+        assert len(set(zig)) == 1 and sum(zig) == (2 * P) ** 2 / 2, zig
+        contiguous = [work([r], P, lambda o: [o % P]) for r in range(P)]
+        assert contiguous == [r + 0.5 for r in range(P)]  # what the zigzag avoids: rank P-1 does 2P-1 times more
 
 
 def test_messages_name_the_problem(groups):
