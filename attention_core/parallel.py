@@ -104,7 +104,12 @@ def _agree(fn: str, group, q, k, v, mask, flags: Sequence[float], local_error: O
     device = q.device if isinstance(q, torch.Tensor) and dist.get_backend(group) != "gloo" else torch.device("cpu")
     mine = torch.tensor(meta[:_META], dtype=torch.float64, device=device)
     table = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(table, mine, group=group)
+    try:
+        dist.all_gather(table, mine, group=group)
+    except RuntimeError as e:  # a rank that never calls: the process group's timeout ends the wait
+        raise RuntimeError(f"{fn} (rank {rank} of {world}): not every rank of the process group joined the call "
+                           f"within its timeout (each rank must call {fn} the same number of times, in the same "
+                           f"order): {e}") from e
     rows = torch.stack(table).cpu()
     if local_error is not None:
         raise ValueError(f"{fn} (rank {rank} of {world}): {local_error}")

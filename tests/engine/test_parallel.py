@@ -24,6 +24,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORLDS = (2, 4)
 GROUP_TIMEOUT_S = 60
+ABSENT_TIMEOUT_S = 4
 ALGOS = ("ulysses", "ring")
 
 # name -> spec. n: tokens per rank; H/Hkv heads; mask: kind; expect: "ok" or the exception every rank must raise
@@ -126,6 +127,7 @@ def run_case(name, spec, algo, rank, P):
 def worker(rank, world, init, out_dir):
     sys.path.insert(0, ROOT)
     import torch.distributed as dist
+    from attention_core import parallel
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
@@ -141,6 +143,21 @@ def worker(rank, world, init, out_dir):
             except Exception as e:  # noqa: BLE001 - recorded for the test to judge
                 results[(name, algo)] = {"outcome": type(e).__name__, "message": str(e),
                                          "trace": traceback.format_exc(), "seconds": time.perf_counter() - t0}
+    if not only:  # last, as it leaves its group broken: rank 1 never calls, the others must not hang
+        absent = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=ABSENT_TIMEOUT_S))
+        q = torch.randn(1, 4, 6, 8)
+        for algo in ALGOS:
+            t0 = time.perf_counter()
+            if rank == 1:
+                results[("absent_rank", algo)] = {"outcome": "did not call"}
+                continue
+            try:
+                getattr(parallel, f"{algo}_attention")(q, q, q, group=absent)
+                results[("absent_rank", algo)] = {"outcome": "returned"}
+            except Exception as e:  # noqa: BLE001
+                results[("absent_rank", algo)] = {"outcome": type(e).__name__, "message": str(e),
+                                                  "seconds": time.perf_counter() - t0}
+            break  # the group is broken now
     with open(os.path.join(out_dir, f"rank{rank}.pkl"), "wb") as f:
         pickle.dump(results, f)
     dist.destroy_process_group()
@@ -238,6 +255,17 @@ def test_zigzag_balances_causal_work():
         assert len(set(zig)) == 1 and sum(zig) == (2 * P) ** 2 / 2, zig
         contiguous = [work([r], P, lambda o: [o % P]) for r in range(P)]
         assert contiguous == [r + 0.5 for r in range(P)]  # what the zigzag avoids: rank P-1 does 2P-1 times more
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_a_rank_that_never_calls_gives_an_error_not_a_hang(groups, world):
+    runs = groups(world)
+    assert runs[1][("absent_rank", "ulysses")]["outcome"] == "did not call"
+    for rank in [0] + list(range(2, world)):
+        res = runs[rank][("absent_rank", "ulysses")]
+        assert res["outcome"] == "RuntimeError", res
+        assert "not every rank of the process group joined" in res["message"], res["message"]
+        assert res["seconds"] < ABSENT_TIMEOUT_S + 20, res
 
 
 def test_messages_name_the_problem(groups):
