@@ -28,13 +28,31 @@ def settings_inputs(min_tokens_default: int, what: str) -> list:
     ]
 
 
-def make_settings(node, mode, memory_budget_mb, half_precision, min_tokens) -> PatchSettings:
+def parse_devices(node, devices: str) -> tuple:
+    """"cuda:0, cuda:1" -> (device("cuda:0"), device("cuda:1")); "" -> () (the model's own device)."""
+    import torch
+    names = [d.strip() for d in (devices or "").split(",") if d.strip()]
+    out = []
+    for name in names:
+        try:
+            device = torch.device(name)
+        except RuntimeError as e:
+            raise ValueError(f"{node}: devices must list torch devices separated by commas, e.g. 'cuda:0, cuda:1'; "
+                             f"{name!r} is not one ({e})") from e
+        if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"{node}: devices lists {name}, but this machine has {torch.cuda.device_count()} "
+                             f"CUDA/ROCm device(s); leave devices empty to use the model's device only")
+        out.append(device)
+    return tuple(out)
+
+
+def make_settings(node, mode, memory_budget_mb, half_precision, min_tokens, devices="") -> PatchSettings:
     if mode not in MODES:
         raise ValueError(f"{node}: mode must be one of {MODES}, got {mode!r}")
     if half_precision not in HALF_POLICIES:
         raise ValueError(f"{node}: half_precision must be one of {HALF_POLICIES}, got {half_precision!r}")
     return PatchSettings(mode=mode, memory_budget_mb=int(memory_budget_mb), half_precision=half_precision,
-                         min_tokens=int(min_tokens), node=node)
+                         min_tokens=int(min_tokens), node=node, devices=parse_devices(node, devices))
 
 
 class PatchAttention(io.ComfyNode):
@@ -53,13 +71,17 @@ class PatchAttention(io.ComfyNode):
                          "chain wins."),
             inputs=[io.Model.Input("model", tooltip=(
                 "The diffusion model to patch (Wan, LTX, Flux, SD... any model that uses ComfyUI's optimized "
-                "attention)."))] + settings_inputs(1024, "model"),
+                "attention)."))] + settings_inputs(1024, "model") + [
+                io.String.Input("devices", default="", optional=True, tooltip=(
+                    "Empty: attention runs on the model's device. Several devices, e.g. 'cuda:0, cuda:1': each "
+                    "attention call's heads are split over them (exact; q, k, v copied there and the result "
+                    "back), for machines with several GPUs."))],
             outputs=[io.Model.Output()],
         )
 
     @classmethod
-    def execute(cls, model, mode, memory_budget_mb, half_precision, min_tokens) -> io.NodeOutput:
-        settings = make_settings(cls.NODE, mode, memory_budget_mb, half_precision, min_tokens)
+    def execute(cls, model, mode, memory_budget_mb, half_precision, min_tokens, devices="") -> io.NodeOutput:
+        settings = make_settings(cls.NODE, mode, memory_budget_mb, half_precision, min_tokens, devices)
         m = install(model, settings)
         override = m.model_options.get("transformer_options", {}).get("optimized_attention_override")
         route_connectors(m, override if mode != "off" else None)

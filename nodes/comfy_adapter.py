@@ -36,6 +36,7 @@ class PatchSettings:
     half_precision: str = "keep"
     min_tokens: int = 0
     node: str = "Patch Attention (tiled)"
+    devices: tuple = ()  # more than one: heads split over these devices (attention_core.multidevice)
     stats: dict = field(default_factory=lambda: {"engine": 0, "passthrough": 0})
 
     def __deepcopy__(self, memo):  # shared across ModelPatcher clones: the settings never change after creation
@@ -139,9 +140,15 @@ def run_engine(settings: PatchSettings, call: dict, kwargs: dict) -> torch.Tenso
     tier = "auto" if settings.mode == "auto" else settings.mode
     budget = settings.memory_budget_mb * (1 << 20) if settings.memory_budget_mb > 0 else None
     try:
-        out = scaled_dot_product_attention(q, k, v, sdpa_mask(call["mask"]), scale=kwargs.get("scale"),
-                                           enable_gqa=enable_gqa, tier=tier, memory_budget=budget,
-                                           precision=precision)
+        if len(settings.devices) > 1:
+            from ..attention_core.multidevice import scaled_dot_product_attention_on_devices
+            out = scaled_dot_product_attention_on_devices(q, k, v, sdpa_mask(call["mask"]), scale=kwargs.get("scale"),
+                                                          enable_gqa=enable_gqa, devices=settings.devices, tier=tier,
+                                                          memory_budget=budget, precision=precision)
+        else:
+            out = scaled_dot_product_attention(q, k, v, sdpa_mask(call["mask"]), scale=kwargs.get("scale"),
+                                               enable_gqa=enable_gqa, tier=tier, memory_budget=budget,
+                                               precision=precision)
     except AttentionMemoryError as e:
         raise AttentionMemoryError(
             f"{settings.node}: {e} Node settings: mode={settings.mode}, memory_budget_mb="

@@ -140,6 +140,32 @@ def test_ltxv_with_text_mask_matches(pack, ltxv):
     assert torch.allclose(out, ref, atol=1e-4, rtol=1e-4), (out - ref).abs().max()
 
 
+def test_devices_split_heads_and_match(pack, wan):
+    """devices: the heads of each call split over several devices (two CPU "devices" here: the same code path,
+    threads and copies, as two GPUs)."""
+    latent, cond = wan_inputs()
+    ref = sample(wan, latent, cond, steps=1)
+    patched = run_node(pack, "TiledAttentionPatch", wan, "chunked", 0, "keep", 0, "cpu, cpu")[0]
+    assert settings_of(patched).devices == (torch.device("cpu"), torch.device("cpu"))
+    import tiled_attention_pack.attention_core.multidevice as md
+    calls = []
+    real = md.plan_head_split
+
+    def counted(*a, **k):
+        groups = real(*a, **k)
+        calls.append(len(groups))
+        return groups
+    md.plan_head_split = counted
+    try:
+        out = sample(patched, latent, cond, steps=1)
+    finally:
+        md.plan_head_split = real
+    assert calls and all(n == 2 for n in calls)
+    assert torch.allclose(out, ref, atol=1e-4, rtol=1e-4), (out - ref).abs().max()
+    with pytest.raises(ValueError, match="devices"):
+        run_node(pack, "TiledAttentionPatch", wan, "chunked", 0, "keep", 0, "cpu, nodevice:x")
+
+
 def test_min_tokens_and_auto_pass_through(pack, wan, monkeypatch):
     monkeypatch.setenv("TILED_ATTENTION", "off")
     latent, cond = wan_inputs()
