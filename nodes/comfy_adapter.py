@@ -17,15 +17,20 @@ from typing import Optional
 
 import torch
 
-from ..attention_core import AttentionMemoryError, detect, scaled_dot_product_attention
+from ..attention_core import TIER_CHOICES, AttentionMemoryError, detect, scaled_dot_product_attention
 
 log = logging.getLogger("tiled_attention")
 
 OVERRIDE_KEY = "optimized_attention_override"
 MARK = "_tiled_attention"
 POSITIONAL = ("q", "k", "v", "heads", "mask", "attn_precision", "skip_reshape", "skip_output_reshape")
+# the engine's tiers (attention_core.TIER_CHOICES) plus "off", in the order saved workflows show them
 MODES = ("auto", "chunked", "online", "inplace", "off")
-HALF_POLICIES = ("keep", "bf16_to_fp16", "fp32")
+if set(MODES) != set(TIER_CHOICES) | {"off"}:
+    raise ImportError(f"tiled-attention: the node's modes {MODES} no longer match the engine's tiers {TIER_CHOICES}")
+HALF_POLICIES = ("keep", "bf16_to_fp16", "fp32")  # saved in workflows: names fixed
+# the node's "keep" (the model's dtype; bf16 -> fp16 where there is no bf16 hardware) is the engine's "auto",
+# never the engine's old "keep" (now "input": the input dtype as it is, even on the CPU)
 _PRECISION = {"keep": "auto", "bf16_to_fp16": "fp16", "fp32": "fp32"}
 
 

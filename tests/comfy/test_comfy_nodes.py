@@ -95,6 +95,18 @@ def test_nodes_registered_with_old_ids_inputs_and_tooltips(pack):
     assert patch["min_tokens"][1]["default"] == 1024
 
 
+def test_modes_and_precisions_follow_the_engine(pack):
+    """The node's modes are the engine's tiers plus off; its half_precision values map to the engine's names
+    (the node's keep is the engine's auto, not the engine's input dtype)."""
+    from tiled_attention_pack.attention_core import TIER_CHOICES
+    from tiled_attention_pack.attention_core.numerics import choose_numerics
+    adapter = pack.nodes.comfy_adapter
+    assert set(adapter.MODES) == set(TIER_CHOICES) | {"off"}
+    assert adapter._PRECISION == {"keep": "auto", "bf16_to_fp16": "fp16", "fp32": "fp32"}
+    for engine_name in adapter._PRECISION.values():
+        choose_numerics(torch.bfloat16, torch.device("cpu"), engine_name)  # a name the engine knows
+
+
 def test_nodes_pin_a_stable_comfy_api(pack):
     """Every comfy_api import of the nodes names one versioned API, never `latest`."""
     import ast
