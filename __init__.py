@@ -1,10 +1,12 @@
-"""ComfyUI entry point of the Tiled Attention pack. Importing it registers nodes and logs one line saying
-whether this GPU needs tiled attention; it patches nothing (patching happens per workflow, in the nodes)."""
+"""ComfyUI entry point of the Tiled Attention pack (V3: `comfy_entrypoint`). Importing it logs one line saying
+whether this GPU needs tiled attention and patches nothing; ComfyUI's loader then calls `comfy_entrypoint`, which
+registers the "tiled" attention backend name (no default changes) and lists the nodes. Patching happens per
+workflow, in the nodes, on clones."""
 import logging
 
-from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
+from .nodes import comfy_entrypoint
 
-__all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS"]
+__all__ = ["comfy_entrypoint"]
 
 
 def _log_verdict():

@@ -17,15 +17,20 @@ from typing import Optional
 
 import torch
 
-from ..attention_core import AttentionMemoryError, detect, scaled_dot_product_attention
+from ..attention_core import TIER_CHOICES, AttentionMemoryError, detect, scaled_dot_product_attention
 
 log = logging.getLogger("tiled_attention")
 
 OVERRIDE_KEY = "optimized_attention_override"
 MARK = "_tiled_attention"
 POSITIONAL = ("q", "k", "v", "heads", "mask", "attn_precision", "skip_reshape", "skip_output_reshape")
+# the engine's tiers (attention_core.TIER_CHOICES) plus "off", in the order saved workflows show them
 MODES = ("auto", "chunked", "online", "inplace", "off")
-HALF_POLICIES = ("keep", "bf16_to_fp16", "fp32")
+if set(MODES) != set(TIER_CHOICES) | {"off"}:
+    raise ImportError(f"tiled-attention: the node's modes {MODES} no longer match the engine's tiers {TIER_CHOICES}")
+HALF_POLICIES = ("keep", "bf16_to_fp16", "fp32")  # saved in workflows: names fixed
+# the node's "keep" (the model's dtype; bf16 -> fp16 where there is no bf16 hardware) is the engine's "auto",
+# never the engine's old "keep" (now "input": the input dtype as it is, even on the CPU)
 _PRECISION = {"keep": "auto", "bf16_to_fp16": "fp16", "fp32": "fp32"}
 
 
@@ -36,6 +41,7 @@ class PatchSettings:
     half_precision: str = "keep"
     min_tokens: int = 0
     node: str = "Patch Attention (tiled)"
+    devices: tuple = ()  # more than one: heads split over these devices (attention_core.multidevice)
     stats: dict = field(default_factory=lambda: {"engine": 0, "passthrough": 0})
 
     def __deepcopy__(self, memo):  # shared across ModelPatcher clones: the settings never change after creation
@@ -139,9 +145,15 @@ def run_engine(settings: PatchSettings, call: dict, kwargs: dict) -> torch.Tenso
     tier = "auto" if settings.mode == "auto" else settings.mode
     budget = settings.memory_budget_mb * (1 << 20) if settings.memory_budget_mb > 0 else None
     try:
-        out = scaled_dot_product_attention(q, k, v, sdpa_mask(call["mask"]), scale=kwargs.get("scale"),
-                                           enable_gqa=enable_gqa, tier=tier, memory_budget=budget,
-                                           precision=precision)
+        if len(settings.devices) > 1:
+            from ..attention_core.multidevice import scaled_dot_product_attention_on_devices
+            out = scaled_dot_product_attention_on_devices(q, k, v, sdpa_mask(call["mask"]), scale=kwargs.get("scale"),
+                                                          enable_gqa=enable_gqa, devices=settings.devices, tier=tier,
+                                                          memory_budget=budget, precision=precision)
+        else:
+            out = scaled_dot_product_attention(q, k, v, sdpa_mask(call["mask"]), scale=kwargs.get("scale"),
+                                               enable_gqa=enable_gqa, tier=tier, memory_budget=budget,
+                                               precision=precision)
     except AttentionMemoryError as e:
         raise AttentionMemoryError(
             f"{settings.node}: {e} Node settings: mode={settings.mode}, memory_budget_mb="

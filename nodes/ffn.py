@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from .api import io
 from ..attention_core.ffn import ChunkedFFN, hidden_features
 
 # attribute names of token-wise feed-forwards in video DiTs: Wan `ffn`, LTX / LTX-2 `ff` and `audio_ff`,
@@ -30,39 +31,49 @@ def find_ffn_modules(diffusion_model: torch.nn.Module) -> list:
     return found
 
 
-class FFNChunking:
-    DESCRIPTION = ("Runs each transformer block's feed-forward over the tokens in chunks, so the wide hidden "
-                   "activation (4x the model width, per token) never exists for the whole video at once. Exact: "
-                   "a feed-forward treats every token alone (checked on the first call).")
-    CATEGORY = "model_patches/attention"
-    RETURN_TYPES = ("MODEL",)
-    FUNCTION = "patch"
+class FFNChunking(io.ComfyNode):
+    NODE = "FFN Chunking"
 
     @classmethod
-    def INPUT_TYPES(cls):
-        return {"required": {
-            "model": ("MODEL", {"tooltip": "The diffusion model (Wan, LTX, LTX-2 and other DiTs)."}),
-            "chunks": ("INT", {"default": 0, "min": 0, "max": 1024, "tooltip":
-                       "Chunks per feed-forward call. 0 = from free memory at each call (1 when it fits)."}),
-            "enabled": ("BOOLEAN", {"default": True, "tooltip": "Off passes the model through unchanged."}),
-        }}
+    def define_schema(cls):
+        return io.Schema(
+            node_id="TiledFFNChunking",
+            display_name=cls.NODE,
+            category="model_patches/attention",
+            description=("Runs each transformer block's feed-forward over the tokens in chunks, so the wide hidden "
+                         "activation (4x the model width, per token) never exists for the whole video at once. "
+                         "Exact: a feed-forward treats every token alone (checked on the first call)."),
+            inputs=[
+                io.Model.Input("model", tooltip="The diffusion model (Wan, LTX, LTX-2 and other DiTs)."),
+                io.Int.Input("chunks", default=0, min=0, max=1024, tooltip=(
+                    "Chunks per feed-forward call. 0 = from free memory at each call (1 when it fits).")),
+                io.Boolean.Input("enabled", default=True, tooltip="Off passes the model through unchanged."),
+            ],
+            outputs=[io.Model.Output()],
+        )
 
-    def patch(self, model, chunks, enabled):
-        m = model.clone()
-        if not enabled:
-            return (m,)
-        diffusion_model = m.get_model_object("diffusion_model")
-        paths = find_ffn_modules(diffusion_model)
-        if not paths:
-            raise ValueError(f"FFN Chunking: no feed-forward modules ({', '.join(FFN_NAMES)}) found in "
-                             f"{type(diffusion_model).__name__}; this node supports Wan, LTX and similar DiTs. "
-                             f"Remove the node or set enabled=false for this model.")
-        for path in paths:
-            key = f"diffusion_model.{path}.forward"
-            module = m.get_model_object(f"diffusion_model.{path}")
-            original = m.get_model_object(key)  # the forward, or an earlier node's patch of it
-            if isinstance(original, ChunkedFFN):  # a second FFN Chunking node: re-wrap the original
-                original = original.forward
-            m.add_object_patch(key, ChunkedFFN(original, chunks=int(chunks), dim=1,
-                                               hidden=hidden_features(module), name=f"FFN Chunking ({path})"))
-        return (m,)
+    @classmethod
+    def execute(cls, model, chunks, enabled) -> io.NodeOutput:
+        return io.NodeOutput(chunk_model(model, chunks, enabled))
+
+
+def chunk_model(model, chunks, enabled):
+    """A clone of `model` with every block feed-forward wrapped in ChunkedFFN (object patches)."""
+    m = model.clone()
+    if not enabled:
+        return m
+    diffusion_model = m.get_model_object("diffusion_model")
+    paths = find_ffn_modules(diffusion_model)
+    if not paths:
+        raise ValueError(f"FFN Chunking: no feed-forward modules ({', '.join(FFN_NAMES)}) found in "
+                         f"{type(diffusion_model).__name__}; this node supports Wan, LTX and similar DiTs. "
+                         f"Remove the node or set enabled=false for this model.")
+    for path in paths:
+        key = f"diffusion_model.{path}.forward"
+        module = m.get_model_object(f"diffusion_model.{path}")
+        original = m.get_model_object(key)  # the forward, or an earlier node's patch of it
+        if isinstance(original, ChunkedFFN):  # a second FFN Chunking node: re-wrap the original
+            original = original.forward
+        m.add_object_patch(key, ChunkedFFN(original, chunks=int(chunks), dim=1,
+                                           hidden=hidden_features(module), name=f"FFN Chunking ({path})"))
+    return m

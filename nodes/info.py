@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..attention_core import detect
+from .api import io
 from .comfy_adapter import comfy_default_attention
 
 
@@ -27,21 +28,25 @@ def report_text() -> str:
     return "\n".join(lines)
 
 
-class AttentionInfo:
-    DESCRIPTION = "What this GPU has: arch, bf16 hardware, working SDPA backends, and what Patch Attention does."
-    CATEGORY = "model_patches/attention"
-    RETURN_TYPES = ("STRING",)
-    OUTPUT_NODE = True
-    FUNCTION = "info"
+class AttentionInfo(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="TiledAttentionInfo",
+            display_name="Attention Info",
+            category="model_patches/attention",
+            description=("What this GPU has: arch, bf16 hardware, working SDPA backends, and what Patch Attention "
+                         "does."),
+            inputs=[],
+            outputs=[io.String.Output()],
+            is_output_node=True,
+        )
 
     @classmethod
-    def INPUT_TYPES(cls):
-        return {"required": {}}
+    def fingerprint_inputs(cls, **kwargs):
+        return float("nan")  # never cached: the report describes the machine now
 
     @classmethod
-    def IS_CHANGED(cls):
-        return float("nan")
-
-    def info(self):
+    def execute(cls) -> io.NodeOutput:
         text = report_text()
-        return {"ui": {"text": [text]}, "result": (text,)}
+        return io.NodeOutput(text, ui={"text": [text]})

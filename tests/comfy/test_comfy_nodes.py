@@ -1,4 +1,7 @@
-"""The nodes inside a real ComfyUI (0.33.0 in-process; 0.3.75 through tests/comfy/test_inprocess_on_oldest.py): real loaders, real Wan 2.2 5B / LTX-Video classes, real sampler."""
+"""The nodes inside a real ComfyUI (0.33.0 in-process; 0.3.75 through tests/comfy/test_inprocess_on_oldest.py): real
+loaders, real Wan 2.2 5B / LTX-Video classes, real sampler; the nodes as ComfyUI's V3 loader gets them
+(comfy_entrypoint)."""
+import asyncio
 import copy
 
 import pytest
@@ -13,6 +16,16 @@ pytestmark = pytest.mark.comfy_inprocess
 @pytest.fixture(scope="module")
 def pack():
     return load_pack()
+
+
+def node_classes(pack):
+    """{node id: class} as ComfyUI's loader builds it from the pack's comfy_entrypoint."""
+    extension = asyncio.run(pack.comfy_entrypoint())
+    return {cls.GET_SCHEMA().node_id: cls for cls in asyncio.run(extension.get_node_list())}
+
+
+def run_node(pack, node_id, *args):
+    return node_classes(pack)[node_id].execute(*args)
 
 
 def load_tiny(tmp_path_factory, writer, name, model_config):
@@ -34,8 +47,7 @@ def ltxv(tmp_path_factory, pack):
 
 
 def patch_node(pack, model, mode="chunked", budget=0, half="keep", min_tokens=0):
-    node = pack.NODE_CLASS_MAPPINGS["TiledAttentionPatch"]()
-    return node.patch(model, mode, budget, half, min_tokens)[0]
+    return run_node(pack, "TiledAttentionPatch", model, mode, budget, half, min_tokens)[0]
 
 
 def settings_of(model):
@@ -64,11 +76,55 @@ def ltxv_inputs():
                                                       {"attention_mask": mask})
 
 
-def test_nodes_registered(pack):
-    assert set(pack.NODE_CLASS_MAPPINGS) == {"TiledAttentionPatch", "TiledFFNChunking", "TiledAttentionInfo"}
-    for cls in pack.NODE_CLASS_MAPPINGS.values():
-        spec = cls.INPUT_TYPES()
-        assert "required" in spec and cls.FUNCTION and cls.CATEGORY
+def test_nodes_registered_with_old_ids_inputs_and_tooltips(pack):
+    classes = node_classes(pack)
+    assert {"TiledAttentionPatch", "TiledFFNChunking", "TiledAttentionInfo"} <= set(classes)
+    assert set(classes) == {"TiledAttentionPatch", "TiledAttentionPatchCLIP", "TiledAttentionPatchVAE",
+                            "TiledFFNChunking", "TiledAttentionInfo"}
+    old_inputs = {"TiledAttentionPatch": ["model", "mode", "memory_budget_mb", "half_precision", "min_tokens"],
+                  "TiledFFNChunking": ["model", "chunks", "enabled"], "TiledAttentionInfo": []}
+    for node_id, cls in classes.items():
+        info = cls.GET_NODE_INFO_V1()
+        assert info["category"] == "model_patches/attention" and info["description"]
+        if node_id in old_inputs:
+            assert info["input_order"].get("required", []) == old_inputs[node_id]
+        for name, spec in info["input"].get("required", {}).items():
+            assert spec[1].get("tooltip"), f"{node_id}.{name} has no tooltip"
+    patch = classes["TiledAttentionPatch"].GET_NODE_INFO_V1()["input"]["required"]
+    def options(spec):  # V3 combos: ("COMBO", {"options": [...]}); V1: ([...], {})
+        return spec[0] if isinstance(spec[0], list) else spec[1]["options"]
+    assert options(patch["mode"]) == ["auto", "chunked", "online", "inplace", "off"]
+    assert options(patch["half_precision"]) == ["keep", "bf16_to_fp16", "fp32"]
+    assert patch["min_tokens"][1]["default"] == 1024
+
+
+def test_modes_and_precisions_follow_the_engine(pack):
+    """The node's modes are the engine's tiers plus off; its half_precision values map to the engine's names
+    (the node's keep is the engine's auto, not the engine's input dtype)."""
+    from tiled_attention_pack.attention_core import TIER_CHOICES
+    from tiled_attention_pack.attention_core.numerics import choose_numerics
+    adapter = pack.nodes.comfy_adapter
+    assert set(adapter.MODES) == set(TIER_CHOICES) | {"off"}
+    assert adapter._PRECISION == {"keep": "auto", "bf16_to_fp16": "fp16", "fp32": "fp32"}
+    for engine_name in adapter._PRECISION.values():
+        choose_numerics(torch.bfloat16, torch.device("cpu"), engine_name)  # a name the engine knows
+
+
+def test_nodes_pin_a_stable_comfy_api(pack):
+    """Every comfy_api import of the nodes names one versioned API, never `latest`."""
+    import ast
+    import glob
+    import os
+    imports = set()
+    for path in glob.glob(os.path.join(os.path.dirname(pack.nodes.__file__), "*.py")):
+        for n in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            if isinstance(n, ast.ImportFrom) and n.module and n.module.startswith("comfy_api"):
+                imports.add(n.module)
+            elif isinstance(n, ast.Import):
+                imports.update(a.name for a in n.names if a.name.startswith("comfy_api"))
+    assert imports == {"comfy_api.v0_0_2"}, imports
+    import comfy_api.v0_0_2
+    assert pack.nodes.api.io is comfy_api.v0_0_2.io
 
 
 @pytest.mark.parametrize("mode", ["chunked", "online", "inplace", "auto"])
@@ -97,6 +153,32 @@ def test_ltxv_with_text_mask_matches(pack, ltxv):
     stats = settings_of(patched).stats
     assert stats["engine"] >= 2 * 2 * 2 and stats["passthrough"] == 0  # attn1 + masked attn2, 2 blocks
     assert torch.allclose(out, ref, atol=1e-4, rtol=1e-4), (out - ref).abs().max()
+
+
+def test_devices_split_heads_and_match(pack, wan):
+    """devices: the heads of each call split over several devices (two CPU "devices" here: the same code path,
+    threads and copies, as two GPUs)."""
+    latent, cond = wan_inputs()
+    ref = sample(wan, latent, cond, steps=1)
+    patched = run_node(pack, "TiledAttentionPatch", wan, "chunked", 0, "keep", 0, "cpu, cpu")[0]
+    assert settings_of(patched).devices == (torch.device("cpu"), torch.device("cpu"))
+    import tiled_attention_pack.attention_core.multidevice as md
+    calls = []
+    real = md.plan_head_split
+
+    def counted(*a, **k):
+        groups = real(*a, **k)
+        calls.append(len(groups))
+        return groups
+    md.plan_head_split = counted
+    try:
+        out = sample(patched, latent, cond, steps=1)
+    finally:
+        md.plan_head_split = real
+    assert calls and all(n == 2 for n in calls)
+    assert torch.allclose(out, ref, atol=1e-4, rtol=1e-4), (out - ref).abs().max()
+    with pytest.raises(ValueError, match="devices"):
+        run_node(pack, "TiledAttentionPatch", wan, "chunked", 0, "keep", 0, "cpu, nodevice:x")
 
 
 def test_min_tokens_and_auto_pass_through(pack, wan, monkeypatch):
@@ -200,11 +282,10 @@ def test_ffn_chunking_exact_restored_and_lora_applies(pack, wan, tmp_path):
     import comfy.model_management
     import comfy.sd
     from tiled_attention_pack.attention_core.ffn import ChunkedFFN
-    node = pack.NODE_CLASS_MAPPINGS["TiledFFNChunking"]()
     keys = set(wan.model.state_dict())
     latent, cond = wan_inputs()
     ref = sample(wan, latent, cond, steps=1)
-    chunked = node.patch(wan, 4, True)[0]
+    chunked = run_node(pack, "TiledFFNChunking", wan, 4, True)[0]
     patches = [k for k in chunked.object_patches if k.endswith(".ffn.forward")]
     assert len(patches) == 2
     out = sample(chunked, latent, cond, steps=1)
@@ -231,14 +312,14 @@ def test_ffn_chunking_exact_restored_and_lora_applies(pack, wan, tmp_path):
 
 
 def test_ffn_chunking_finds_ltx_ff(pack, ltxv):
-    node = pack.NODE_CLASS_MAPPINGS["TiledFFNChunking"]()
-    m = node.patch(ltxv, 0, True)[0]
+    m = run_node(pack, "TiledFFNChunking", ltxv, 0, True)[0]
     assert sorted(k for k in m.object_patches) == [f"diffusion_model.transformer_blocks.{i}.ff.forward"
                                                   for i in range(2)]
-    assert node.patch(ltxv, 0, False)[0].object_patches == {}
+    assert run_node(pack, "TiledFFNChunking", ltxv, 0, False)[0].object_patches == {}
 
 
 def test_info_node_reports(pack):
-    out = pack.NODE_CLASS_MAPPINGS["TiledAttentionInfo"]().info()
-    text = out["result"][0]
+    out = run_node(pack, "TiledAttentionInfo")
+    text = out[0]
+    assert out.ui == {"text": [text]}
     assert "needs tiled attention" in text and "ComfyUI's own attention: attention_" in text

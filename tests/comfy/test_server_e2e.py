@@ -45,7 +45,9 @@ def test_pack_loads_through_comfyui_loader(server):
         assert name in info, name
     patch = info["TiledAttentionPatch"]
     assert patch["display_name"] == "Patch Attention (tiled)"
-    assert patch["input"]["required"]["mode"][0] == ["auto", "chunked", "online", "inplace", "off"]
+    mode = patch["input"]["required"]["mode"]  # V3 nodes: ["COMBO", {"options": [...]}]
+    assert (mode[1].get("options") if mode[0] == "COMBO" else mode[0]) == ["auto", "chunked", "online", "inplace",
+                                                                           "off"]
     log = server.log()
     # ComfyUI's import report names each custom node folder; ours must not be among the failed ones
     failed = [ln for ln in log.splitlines() if "IMPORT FAILED" in ln or

@@ -4,14 +4,12 @@
 problems (empty when the workflow is fine).  Every problem about a node names
 the node id, node type and, where it applies, the input.
 
-``PACK_OBJECT_INFO`` mirrors, in /object_info format, the schemas of this
-pack's nodes, so a stock server's /object_info can be merged with it
-(``merged_object_info``) to validate the bundled workflows without a server.
+The schemas come from live servers (live_schema.py); this module only reads
+them.
 
 Widget-value matching is shared with ``tools/workflow_api.py``.
 """
 
-import copy
 import json
 import os
 import re
@@ -25,69 +23,11 @@ OBJECT_INFO_OLD = os.path.join(SHARED_COMFYUI, "object_info-0.3.75.json")
 
 FRONTEND_ONLY_TYPES = wapi.FRONTEND_ONLY_TYPES
 NOTE_TYPES = frozenset({"Note", "MarkdownNote"})
-PACK_CATEGORY = "model_patches/attention"
 
 
-def _pack_node(name, display, required, order, output, output_name, description, output_node=False):
-    return {
-        "input": {"required": required},
-        "input_order": {"required": order},
-        "output": output,
-        "output_is_list": [False] * len(output),
-        "output_name": output_name,
-        "name": name,
-        "display_name": display,
-        "description": description,
-        "python_module": "custom_nodes.tiled_attention",
-        "category": PACK_CATEGORY,
-        "output_node": output_node,
-    }
-
-
-PACK_OBJECT_INFO = {
-    "TiledAttentionPatch": _pack_node(
-        "TiledAttentionPatch", "Patch Attention (tiled)",
-        {
-            "model": ["MODEL"],
-            "mode": [["auto", "chunked", "online", "inplace", "off"], {"default": "auto"}],
-            "memory_budget_mb": ["INT", {"default": 0, "min": 0, "max": 1048576, "step": 64}],
-            "half_precision": [["keep", "bf16_to_fp16", "fp32"], {"default": "keep"}],
-            "min_tokens": ["INT", {"default": 1024, "min": 0, "max": 1000000}],
-        },
-        ["model", "mode", "memory_budget_mb", "half_precision", "min_tokens"],
-        ["MODEL"], ["MODEL"],
-        "Route the model's attention through the tiled SDPA engine."),
-    "TiledFFNChunking": _pack_node(
-        "TiledFFNChunking", "FFN Chunking",
-        {
-            "model": ["MODEL"],
-            "chunks": ["INT", {"default": 0, "min": 0, "max": 1024}],
-            "enabled": ["BOOLEAN", {"default": True}],
-        },
-        ["model", "chunks", "enabled"],
-        ["MODEL"], ["MODEL"],
-        "Run the transformer feed-forward blocks in token chunks."),
-    "TiledAttentionInfo": _pack_node(
-        "TiledAttentionInfo", "Attention Info",
-        {}, [],
-        ["STRING"], ["STRING"],
-        "Report the attention backends and memory the patch sees."),
-}
-
-PACK_NODE_TYPES = tuple(PACK_OBJECT_INFO)
-
-
-def load_object_info(path, *, with_pack=True):
+def load_object_info(path):
     with open(path, "r", encoding="utf-8") as f:
-        info = json.load(f)
-    return merged_object_info(info) if with_pack else info
-
-
-def merged_object_info(object_info, pack=None):
-    """A copy of ``object_info`` with this pack's schemas added (pack wins)."""
-    out = dict(object_info)
-    out.update(copy.deepcopy(PACK_OBJECT_INFO if pack is None else pack))
-    return out
+        return json.load(f)
 
 
 # --------------------------------------------------------------------------

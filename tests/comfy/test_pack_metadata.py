@@ -1,0 +1,56 @@
+"""What a Manager / registry / pip install of the pack brings (pyproject.toml, requirements.txt), checked offline
+with the rules of the registry's own check (`comfy node validate`, comfy-cli registry/config_parser.py): accelerator
+classifiers from its fixed list (anything else makes it drop all accelerators with a warning), an OS classifier it
+knows, a `requires-comfyui` it can parse; and both files agree, without torch or a frontend package."""
+import os
+import re
+import tomllib
+
+from tools.comfyui import ROOT
+
+# comfy-cli 1.23.0, registry/config_parser.py: validate_and_extract_accelerator_classifiers / _os_classifiers
+REGISTRY_ACCELERATORS = {"GPU :: NVIDIA CUDA", "GPU :: AMD ROCm", "GPU :: Intel Arc", "NPU :: Huawei Ascend",
+                         "GPU :: Apple Metal"}
+REGISTRY_OS_PREFIXES = ("Microsoft", "POSIX", "MacOS", "OS Independent")
+REGISTRY_VERSION = re.compile(r"^(?:(==|>=|<=|!=|~=|>|<|<>|=)\s*)?(\d+\.\d+\.\d+(?:-[a-zA-Z0-9]+)?)?$")
+
+
+def pyproject():
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        return tomllib.load(f)
+
+
+def requirement_names(lines):
+    names = []
+    for line in lines:
+        line = line.split("#", 1)[0].strip()
+        if line:
+            names.append(re.split(r"[<>=!~;\[ ]", line, maxsplit=1)[0].lower().replace("_", "-"))
+    return names
+
+
+def test_pyproject_and_requirements_bring_the_same_and_never_torch():
+    deps = requirement_names(pyproject()["project"]["dependencies"])
+    with open(os.path.join(ROOT, "requirements.txt"), encoding="utf-8") as f:
+        reqs = requirement_names(f)
+    assert sorted(deps) == sorted(reqs)
+    for forbidden in ("torch", "torchvision", "torchaudio", "comfyui-frontend-package"):
+        assert forbidden not in deps, forbidden
+
+
+def test_classifiers_are_ones_the_registry_records():
+    classifiers = pyproject()["project"]["classifiers"]
+    accelerators = [c[len("Environment :: "):] for c in classifiers if c.startswith("Environment ::")]
+    assert accelerators and set(accelerators) <= REGISTRY_ACCELERATORS, accelerators
+    assert {"GPU :: AMD ROCm", "GPU :: NVIDIA CUDA"} <= set(accelerators)
+    systems = [c[len("Operating System :: "):] for c in classifiers if c.startswith("Operating System ::")]
+    assert systems and all(s.startswith(REGISTRY_OS_PREFIXES) for s in systems), systems
+
+
+def test_registry_fields():
+    comfy = pyproject()["tool"]["comfy"]
+    assert comfy["PublisherId"] and comfy["DisplayName"]
+    for part in comfy["requires-comfyui"].split(","):
+        assert REGISTRY_VERSION.match(part.strip()), comfy["requires-comfyui"]
+    for folder in comfy.get("includes", []):
+        assert os.path.isdir(os.path.join(ROOT, folder)), folder

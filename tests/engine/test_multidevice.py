@@ -1,0 +1,96 @@
+"""Head split over several devices of one process: exact against torch's math SDPA (float64), on CPU "devices"."""
+import logging
+import threading
+
+import pytest
+import torch
+
+from attention_core import multidevice
+from attention_core.multidevice import plan_head_split, scaled_dot_product_attention_on_devices as on_devices
+from reference import reference_grads
+
+CPU3 = ["cpu", "cpu", "cpu"]
+
+
+def test_split_is_contiguous_and_even():
+    groups = plan_head_split(24, 24, ["cuda:0", "cuda:1", "cuda:2", "cuda:3", "cuda:4"])
+    assert [(g.q_heads.start, g.q_heads.stop) for g in groups] == [(0, 5), (5, 10), (10, 15), (15, 20), (20, 24)]
+    gqa = plan_head_split(8, 2, CPU3)  # fewer kv heads than devices: two groups of 4 query heads
+    assert [(g.kv_heads.start, g.kv_heads.stop, g.q_heads.start, g.q_heads.stop) for g in gqa] == [
+        (0, 1, 0, 4), (1, 2, 4, 8)]
+    with pytest.raises(ValueError, match="devices is empty"):
+        plan_head_split(4, 4, [])
+
+
+@pytest.mark.parametrize("case", ["plain", "causal", "gqa", "mask_heads", "mask_broadcast", "tier_online"])
+def test_split_matches_torch(case):
+    torch.manual_seed(5)
+    H, Hkv, kw, engine, mask = 7, 7, {}, {}, None
+    if case == "gqa":
+        H, Hkv, kw = 8, 2, {"enable_gqa": True}
+    q = torch.randn(2, H, 19, 8, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, Hkv, 23, 8, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, Hkv, 23, 6, dtype=torch.float64, requires_grad=True)
+    if case == "causal":
+        kw["is_causal"] = True
+    elif case == "mask_heads":
+        mask = torch.randn(2, H, 19, 23, dtype=torch.float64)
+    elif case == "mask_broadcast":
+        mask = torch.rand(19, 23) > 0.3
+        mask[:, 0] = True
+    elif case == "tier_online":
+        engine = {"tier": "online", "block_q": 16, "block_kv": 16}
+    dout = torch.randn(2, H, 19, 6, dtype=torch.float64)
+    out = on_devices(q, k, v, mask, devices=CPU3, **kw, **engine)
+    out.backward(dout)
+    ref, ref_grads = reference_grads(q, k, v, dout, attn_mask=mask, **kw)
+    assert (out - ref).abs().max() < 1e-12
+    for t, g in zip((q, k, v), ref_grads):
+        assert (t.grad - g).abs().max() < 1e-12
+
+
+def test_groups_run_in_their_own_threads_and_are_logged(caplog):
+    seen = []
+    real = multidevice.scaled_dot_product_attention
+
+    def spy(*a, **kw):
+        seen.append((threading.get_ident(), a[0].shape[-3]))
+        return real(*a, **kw)
+
+    q, k, v = (torch.randn(1, 6, 10, 4) for _ in range(3))
+    multidevice.scaled_dot_product_attention = spy
+    try:
+        with caplog.at_level(logging.INFO, logger="attention_core.multidevice"):
+            out = on_devices(q, k, v, devices=CPU3, log_level=logging.INFO)
+    finally:
+        multidevice.scaled_dot_product_attention = real
+    assert sorted(h for _, h in seen) == [2, 2, 2]
+    assert len({t for t, _ in seen}) == 3 and threading.get_ident() not in {t for t, _ in seen}
+    assert out.shape == (1, 6, 10, 4)
+    assert "cpu: query heads 0-1 (2)" in caplog.text and "cpu: query heads 4-5 (2)" in caplog.text
+    assert "MB in" in caplog.text
+
+
+def test_no_grad_and_inference_mode_carry_into_the_device_threads():
+    modes = []
+    real = multidevice.scaled_dot_product_attention
+
+    def spy(*a, **kw):
+        modes.append((torch.is_grad_enabled(), torch.is_inference_mode_enabled()))
+        return real(*a, **kw)
+
+    q, k, v = (torch.randn(1, 4, 10, 4, requires_grad=True) for _ in range(3))
+    multidevice.scaled_dot_product_attention = spy
+    try:
+        with torch.no_grad():
+            assert not on_devices(q, k, v, devices=CPU3).requires_grad
+        assert modes == [(False, False)] * 3
+        modes.clear()
+        with torch.inference_mode():
+            assert on_devices(q.detach(), k.detach(), v.detach(), devices=CPU3).is_inference()
+        assert modes == [(False, True)] * 3
+        modes.clear()
+        assert on_devices(q, k, v, devices=CPU3).requires_grad
+        assert modes == [(True, False)] * 3
+    finally:
+        multidevice.scaled_dot_product_attention = real

@@ -1,0 +1,283 @@
+"""Sequence-parallel attention (Ulysses and ring) over real torch.distributed (gloo, CPU), 2 and 4 processes.
+
+One process group per world size per test session: this file re-runs itself as `--worker` in P subprocesses, each
+runs every case of CASES and writes its findings; the tests read them. Every case builds the full float64 problem
+from its seed on every rank, hands each rank its slice, and compares that rank's output and gradients with torch's
+math SDPA on the full tensors (float64; the fp32 case against torch's own fp32 error).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import pickle
+import subprocess
+import sys
+import time
+import traceback
+import zlib
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+WORLDS = (2, 4)
+GROUP_TIMEOUT_S = 60
+ABSENT_TIMEOUT_S = 4
+ALGOS = ("ulysses", "ring")
+
+# name -> spec. n: tokens per rank; H/Hkv heads; mask: kind; expect: "ok" or the exception every rank must raise
+CASES = {
+    "plain": dict(B=2, H=4, Hkv=4, n=6, D=8),
+    "causal": dict(B=1, H=4, Hkv=4, n=6, D=8, causal=True),
+    "causal_odd": dict(B=1, H=4, Hkv=4, n=5, D=8, causal=True),  # ring: no zigzag split possible
+    "key_padding": dict(B=2, H=4, Hkv=4, n=6, D=8, mask="key_padding"),
+    "float_mask_rows_heads": dict(B=2, H=4, Hkv=4, n=6, D=8, mask="float_full"),
+    "bool_mask_rows": dict(B=1, H=4, Hkv=4, n=6, D=8, mask="bool_rows"),
+    "gqa_causal": dict(B=1, H=8, Hkv=2, n=6, D=8, causal=True, gqa=True),
+    "mqa": dict(B=1, H=4, Hkv=1, n=6, D=8, gqa=True),
+    "scale_dv": dict(B=1, H=4, Hkv=4, n=6, D=8, Dv=5, scale=0.3),
+    "fp32": dict(B=1, H=4, Hkv=4, n=16, D=16, causal=True, dtype="float32"),
+    "fp16": dict(B=2, H=4, Hkv=2, n=16, D=16, gqa=True, mask="key_padding", dtype="float16"),
+    "heads_not_divisible": dict(B=1, H=3, Hkv=3, n=6, D=8, expect={"ulysses": "ValueError"}),
+    "ranks_disagree": dict(B=1, H=4, Hkv=4, n=6, D=8, bad="rank1_longer", expect="ValueError"),
+    "rank0_malformed": dict(B=1, H=4, Hkv=4, n=6, D=8, bad="rank0_3d", expect="ValueError"),
+    "dropout": dict(B=1, H=4, Hkv=4, n=6, D=8, dropout=0.3, expect={"ring": "NotImplementedError"}),
+}
+
+
+def expected(spec, algo):
+    e = spec.get("expect", "ok")
+    return e.get(algo, "ok") if isinstance(e, dict) else e
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# worker side
+
+
+def build(spec, P, seed):
+    g = torch.Generator().manual_seed(seed)
+    B, H, Hkv, n, D = spec["B"], spec["H"], spec["Hkv"], spec["n"], spec["D"]
+    N, Dv = n * P, spec.get("Dv", D)
+    q = torch.randn(B, H, N, D, generator=g, dtype=torch.float64)
+    k = torch.randn(B, Hkv, N, D, generator=g, dtype=torch.float64)
+    v = torch.randn(B, Hkv, N, Dv, generator=g, dtype=torch.float64)
+    dout = torch.randn(B, H, N, Dv, generator=g, dtype=torch.float64)
+    kind, mask = spec.get("mask"), None
+    if kind == "key_padding":
+        mask = torch.ones(B, 1, 1, N, dtype=torch.bool)
+        mask[0, ..., N - n - 2:] = False  # more than a whole block: rows with lse = -inf in some blocks
+        mask[1, ..., : 3] = False
+    elif kind == "float_full":
+        mask = torch.randn(B, H, N, N, generator=g, dtype=torch.float64)
+    elif kind == "bool_rows":
+        mask = torch.rand(N, N, generator=g) > 0.4
+        mask[:, 0] = True  # no fully masked row
+    return q, k, v, dout, mask
+
+
+def slice_rows(t, r, n):
+    return t[..., r * n:(r + 1) * n, :]
+
+
+def run_case(name, spec, algo, rank, P):
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from attention_core import parallel
+
+    fn = getattr(parallel, f"{algo}_attention")
+    q, k, v, dout, mask = build(spec, P, seed=zlib.crc32(name.encode()))
+    dtype = getattr(torch, spec.get("dtype", "float64"))
+    n = spec["n"]
+    kw = dict(is_causal=spec.get("causal", False), scale=spec.get("scale"), enable_gqa=spec.get("gqa", False),
+              dropout_p=spec.get("dropout", 0.0))
+    with sdpa_kernel([SDPBackend.MATH]):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        ref = F.scaled_dot_product_attention(*leaves, attn_mask=mask, **{**kw, "dropout_p": 0.0})
+        ref.backward(dout)
+        ref_grads = [t.grad for t in leaves]
+        torch_err = None
+        if dtype != torch.float64:  # torch's own error at this dtype is the yardstick
+            lo = [t.to(dtype).requires_grad_(True) for t in (q, k, v)]
+            o = F.scaled_dot_product_attention(*lo, attn_mask=mask, **{**kw, "dropout_p": 0.0})
+            o.backward(dout.to(dtype))
+            torch_err = [(o.double() - ref).abs().max().item()] + [
+                (t.grad.double() - r).abs().max().item() for t, r in zip(lo, ref_grads)]
+    mine = [slice_rows(t, rank, n).to(dtype).detach().clone().requires_grad_(True) for t in (q, k, v)]
+    my_mask = None if mask is None else (mask if mask.shape[-2] == 1 else mask[..., rank * n:(rank + 1) * n, :])
+    args = list(mine)
+    if spec.get("bad") == "rank1_longer" and rank == 1:
+        args = [torch.cat([t, t[..., :1, :]], dim=-2) for t in mine]
+    if spec.get("bad") == "rank0_3d" and rank == 0:
+        args[0] = mine[0][0]
+    t0 = time.perf_counter()
+    out = fn(*args, attn_mask=my_mask, **kw)
+    out.backward(slice_rows(dout, rank, n).to(dtype))
+    res = {"seconds": time.perf_counter() - t0, "shape": tuple(out.shape), "finite": bool(torch.isfinite(out).all())}
+    if kw["dropout_p"] == 0.0:
+        res["err"] = [(out.double() - slice_rows(ref, rank, n)).abs().max().item()] + [
+            (t.grad.double() - slice_rows(r, rank, n)).abs().max().item() for t, r in zip(mine, ref_grads)]
+        res["scale"] = [slice_rows(ref, rank, n).abs().max().item()] + [
+            slice_rows(r, rank, n).abs().max().item() for r in ref_grads]
+        res["torch_err"] = torch_err
+    return res
+
+
+def worker(rank, world, init, out_dir):
+    sys.path.insert(0, ROOT)
+    import torch.distributed as dist
+    from attention_core import parallel
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
+    results = {}
+    only = os.environ.get("PARALLEL_TEST_ONLY")  # debugging: a comma-separated subset of CASES
+    for name, spec in CASES.items():
+        if only and name not in only.split(","):
+            continue
+        for algo in ALGOS:
+            t0 = time.perf_counter()
+            try:
+                results[(name, algo)] = {"outcome": "ok", **run_case(name, spec, algo, rank, world)}
+            except Exception as e:  # noqa: BLE001 - recorded for the test to judge
+                results[(name, algo)] = {"outcome": type(e).__name__, "message": str(e),
+                                         "trace": traceback.format_exc(), "seconds": time.perf_counter() - t0}
+    if not only:  # last, as it leaves its group broken: rank 1 never calls, the others must not hang
+        absent = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=ABSENT_TIMEOUT_S))
+        q = torch.randn(1, 4, 6, 8)
+        for algo in ALGOS:
+            t0 = time.perf_counter()
+            if rank == 1:
+                results[("absent_rank", algo)] = {"outcome": "did not call"}
+                continue
+            try:
+                getattr(parallel, f"{algo}_attention")(q, q, q, group=absent)
+                results[("absent_rank", algo)] = {"outcome": "returned"}
+            except Exception as e:  # noqa: BLE001
+                results[("absent_rank", algo)] = {"outcome": type(e).__name__, "message": str(e),
+                                                  "seconds": time.perf_counter() - t0}
+            break  # the group is broken now
+    with open(os.path.join(out_dir, f"rank{rank}.pkl"), "wb") as f:
+        pickle.dump(results, f)
+    dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# test side
+
+_RUNS = {}
+
+
+def start_group(world, tmp_root):
+    out_dir = os.path.join(tmp_root, f"world{world}")
+    os.makedirs(out_dir, exist_ok=True)
+    init = "file://" + os.path.join(out_dir, "rendezvous")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
+    return out_dir, [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", str(r), str(world),
+                                       init, out_dir], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                     for r in range(world)]
+
+
+def collect_group(world, out_dir, procs, deadline):
+    """{rank: {(case, algo): result}} once every worker has exited (a hang past the deadline fails the test)."""
+    logs = []
+    for p in procs:
+        try:
+            logs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0].decode(errors="replace"))
+        except subprocess.TimeoutExpired:
+            for other in procs:
+                other.kill()
+            pytest.fail(f"the {world}-process group did not finish in time (a hang)")
+    for r, p in enumerate(procs):
+        assert p.returncode == 0, f"rank {r} of {world} failed:\n{logs[r][-4000:]}"
+    runs = {}
+    for r in range(world):
+        with open(os.path.join(out_dir, f"rank{r}.pkl"), "rb") as f:
+            runs[r] = pickle.load(f)
+    return runs
+
+
+def run_group(world, tmp_root):
+    """Start every world size's workers at once (they share the CPUs); return the results for `world`."""
+    if not _RUNS:
+        started = {w: start_group(w, tmp_root) for w in WORLDS}
+        deadline = time.monotonic() + 600
+        for w, (out_dir, procs) in started.items():
+            _RUNS[w] = collect_group(w, out_dir, procs, deadline)
+    return _RUNS[world]
+
+
+@pytest.fixture(scope="module")
+def groups(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("parallel"))
+    return lambda world: run_group(world, root)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_rank(groups, world, algo, case):
+    spec = CASES[case]
+    want = expected(spec, algo)
+    runs = groups(world)
+    for rank in range(world):
+        res = runs[rank][(case, algo)]
+        where = f"{algo} {case} rank {rank}/{world}"
+        if want != "ok":
+            assert res["outcome"] == want, f"{where}: expected {want} on every rank, got {res}"
+            assert res["seconds"] < GROUP_TIMEOUT_S / 2, f"{where}: the error took {res['seconds']:.1f} s"
+            continue
+        assert res["outcome"] == "ok", f"{where}: {res.get('trace', res)}"
+        assert res["finite"], where
+        if "err" not in res:
+            continue
+        if res["torch_err"] is not None:  # fp32: within a few times torch's own fp32 error
+            for what, e, te, s in zip(("out", "dq", "dk", "dv"), res["err"], res["torch_err"], res["scale"]):
+                assert e <= 8 * te + 1e-6 * s, f"{where} {what}: error {e:.3g} vs torch fp32 {te:.3g}"
+        else:
+            for what, e, s in zip(("out", "dq", "dk", "dv"), res["err"], res["scale"]):
+                assert e <= 1e-10 * max(1.0, s), f"{where} {what}: max error {e:.3g} (scale {s:.3g})"
+
+
+def test_zigzag_balances_causal_work():
+    """Causal ring: with the zigzag layout every rank attends the same number of (query, key) pairs."""
+    from attention_core.parallel import _Ring, zigzag_chunks
+
+    def work(seg, P, chunks_of=None):
+        ring = _Ring(None, 0, P, seg, 1, True, 1.0, None, {})
+        if chunks_of:
+            ring.chunks_of = chunks_of
+        return sum(0.5 if diag else 1.0 for owner in range(P) for _, _, diag, _ in ring.pairs(owner))
+
+    for P in (2, 4, 8):
+        zig = [work(zigzag_chunks(r, P), P) for r in range(P)]
+        assert len(set(zig)) == 1 and sum(zig) == (2 * P) ** 2 / 2, zig
+        contiguous = [work([r], P, lambda o: [o % P]) for r in range(P)]
+        assert contiguous == [r + 0.5 for r in range(P)]  # what the zigzag avoids: rank P-1 does 2P-1 times more
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_a_rank_that_never_calls_gives_an_error_not_a_hang(groups, world):
+    runs = groups(world)
+    assert runs[1][("absent_rank", "ulysses")]["outcome"] == "did not call"
+    for rank in [0] + list(range(2, world)):
+        res = runs[rank][("absent_rank", "ulysses")]
+        assert res["outcome"] == "RuntimeError", res
+        assert "not every rank of the process group joined" in res["message"], res["message"]
+        assert res["seconds"] < ABSENT_TIMEOUT_S + 20, res
+
+
+def test_messages_name_the_problem(groups):
+    runs = groups(2)
+    msg = runs[0][("heads_not_divisible", "ulysses")]["message"]
+    assert "3 query heads" in msg and "2 ranks" in msg, msg
+    msg = runs[0][("ranks_disagree", "ring")]["message"]
+    assert "disagree" in msg and "rank 1" in msg, msg
+    assert "rank(s) [0]" in runs[1][("rank0_malformed", "ulysses")]["message"]
+    assert "4-D" in runs[0][("rank0_malformed", "ulysses")]["message"]
+    assert "ulysses_attention" in runs[0][("dropout", "ring")]["message"]
+
+
+if __name__ == "__main__" and len(sys.argv) == 6 and sys.argv[1] == "--worker":
+    worker(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])
