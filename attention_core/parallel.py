@@ -33,7 +33,7 @@ import torch.distributed as dist
 from .ops import attention_backward, attention_forward
 from .sdpa import scaled_dot_product_attention
 
-__all__ = ["ulysses_attention", "ring_attention", "zigzag_chunks"]
+__all__ = ["ulysses_attention", "ring_attention", "zigzag_chunks", "flash_layout_attention"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -450,3 +450,23 @@ def ring_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scal
     if zigzag:
         out = _MoveChunks.apply(out, after, before, rank, group)
     return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# for frameworks that take a flash_attn_func-style callable (yunchang's UlyssesAttention, xDiT through yunchang)
+
+
+def flash_layout_attention(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                           softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, *args,
+                           **kwargs):
+    """flash_attn_func's calling convention ([B, L, H, D] tensors, GQA by head count) on this engine; returns out
+    [B, L, H, Dv]. Options the engine does not have (sliding window, softcap, ALiBi, attention probabilities)
+    raise NotImplementedError rather than being ignored."""
+    if tuple(window_size) != (-1, -1) or softcap or alibi_slopes is not None or return_attn_probs:
+        raise NotImplementedError(
+            f"flash_layout_attention: window_size={window_size}, softcap={softcap}, alibi_slopes="
+            f"{'set' if alibi_slopes is not None else None}, return_attn_probs={return_attn_probs} are not "
+            f"supported by the tiled engine; only dropout_p, softmax_scale and causal are")
+    out = scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, dropout_p,
+                                       causal, softmax_scale, q.shape[2] != k.shape[2])
+    return out.transpose(1, 2)
