@@ -40,6 +40,7 @@ CASES = {
     "scale_dv": dict(B=1, H=4, Hkv=4, n=6, D=8, Dv=5, scale=0.3),
     "fp32": dict(B=1, H=4, Hkv=4, n=16, D=16, causal=True, dtype="float32"),
     "fp16": dict(B=2, H=4, Hkv=2, n=16, D=16, gqa=True, mask="key_padding", dtype="float16"),
+    "autocast": dict(B=1, H=4, Hkv=4, n=6, D=8, causal=True, dtype="float32", autocast=True),
     "heads_not_divisible": dict(B=1, H=3, Hkv=3, n=6, D=8, expect={"ulysses": "ValueError"}),
     "ranks_disagree": dict(B=1, H=4, Hkv=4, n=6, D=8, bad="rank1_longer", expect="ValueError"),
     "rank0_malformed": dict(B=1, H=4, Hkv=4, n=6, D=8, bad="rank0_3d", expect="ValueError"),
@@ -112,6 +113,10 @@ def run_case(name, spec, algo, rank, P):
     if spec.get("bad") == "rank0_3d" and rank == 0:
         args[0] = mine[0][0]
     t0 = time.perf_counter()
+    if spec.get("autocast"):  # fp32 inputs computed in bf16, as torch's SDPA does under autocast
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = fn(*args, attn_mask=my_mask, **kw)
+        return {"seconds": time.perf_counter() - t0, "dtype": str(out.dtype), "finite": True}
     out = fn(*args, attn_mask=my_mask, **kw)
     out.backward(slice_rows(dout, rank, n).to(dtype))
     res = {"seconds": time.perf_counter() - t0, "shape": tuple(out.shape), "finite": bool(torch.isfinite(out).all())}
@@ -253,6 +258,8 @@ def test_every_rank(groups, world, algo, case):
             continue
         assert res["outcome"] == "ok", f"{where}: {res.get('trace', res)}"
         assert res["finite"], where
+        if spec.get("autocast"):
+            assert res["dtype"] == "torch.bfloat16", where
         if "err" not in res:
             continue
         if res["torch_err"] is not None:  # fp32: within a few times torch's own fp32 error
