@@ -3,11 +3,12 @@
 Attention is independent per head, so splitting the heads is exact: device i gets query heads [a_i, b_i) (and, under
 GQA, the key/value heads they use), computes them with the engine, and the outputs are concatenated on the source
 device. Transfers are O(N*H*D) (q, k, v there, out back) against O(N^2*H*D) attention work. Devices run
-concurrently: one thread per device, on its own CUDA stream. The copies are autograd-differentiable, so backward
+concurrently: one thread per device, each on its device's own stream. The copies are autograd-differentiable, so backward
 runs each group's recompute backward on its device and sends the gradients back.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +17,7 @@ from typing import List, Sequence
 
 import torch
 
+from .autocast import autocast_inputs
 from .sdpa import scaled_dot_product_attention
 
 log = logging.getLogger(__name__)
@@ -62,14 +64,15 @@ def _mask_for(mask, group: HeadGroup, q_heads: int):
     return mask
 
 
-def _run_group(group, q, k, v, mask, args, engine_kwargs, grad_enabled, inference, results, i):
-    """In a worker thread: copy this group's heads to its device, attend there, wait for the device."""
+def _run_group(group, q, k, v, mask, args, engine_kwargs, grad_enabled, inference, measure, results, i):
+    """In a worker thread: copy this group's heads to its device, attend there (on that device's current stream,
+    so devices run concurrently and the caching allocator sees one stream per tensor). With `measure`, wait for the
+    device and read its peak memory (this resets the device's peak statistics)."""
     dev = group.device
-    stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None
-    ctx = torch.cuda.stream(stream) if stream is not None else _null()
-    with torch.inference_mode(inference), torch.set_grad_enabled(grad_enabled), ctx:
-        if stream is not None:
-            stream.wait_stream(torch.cuda.current_stream(q.device)) if q.device.type == "cuda" else None
+    cuda = dev.type == "cuda"
+    with torch.inference_mode(inference), torch.set_grad_enabled(grad_enabled), \
+            (torch.cuda.device(dev) if cuda else contextlib.nullcontext()):
+        if cuda and measure:
             torch.cuda.reset_peak_memory_stats(dev)
         qg = q[..., group.q_heads, :, :].to(dev, non_blocking=True)
         kg = k[..., group.kv_heads, :, :].to(dev, non_blocking=True)
@@ -77,18 +80,10 @@ def _run_group(group, q, k, v, mask, args, engine_kwargs, grad_enabled, inferenc
         mg = mask.to(dev, non_blocking=True) if mask is not None else None
         out = scaled_dot_product_attention(qg, kg, vg, mg, *args, **engine_kwargs)
         peak = None
-        if stream is not None:
-            stream.synchronize()
+        if cuda and measure:
+            torch.cuda.synchronize(dev)
             peak = torch.cuda.max_memory_allocated(dev)
     results[i] = (out, peak, threading.get_ident())
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def scaled_dot_product_attention_on_devices(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
@@ -105,18 +100,20 @@ def scaled_dot_product_attention_on_devices(query, key, value, attn_mask=None, d
         raise ValueError(f"scaled_dot_product_attention_on_devices: q has {H} heads, k/v {Hkv}; pass "
                          f"enable_gqa=True for grouped-query attention")
     groups = plan_head_split(H, Hkv, list(devices))
+    query, key, value = autocast_inputs(query, key, value)  # autocast is per thread: decide the dtype here
     args = (dropout_p, is_causal, scale, enable_gqa)
     if len(groups) == 1 and groups[0].device == query.device:
         return scaled_dot_product_attention(query, key, value, attn_mask, *args, **engine_kwargs)
     results = [None] * len(groups)
     grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+    measure = log.isEnabledFor(log_level)
     with ThreadPoolExecutor(max_workers=len(groups), thread_name_prefix="attention-device") as pool:
         futures = [pool.submit(_run_group, g, query, key, value, _mask_for(attn_mask, g, H), args, engine_kwargs,
-                               grad, inference, results, i) for i, g in enumerate(groups)]
+                               grad, inference, measure, results, i) for i, g in enumerate(groups)]
         for f in futures:
-            f.result()  # re-raises a device's error here, naming nothing else
+            f.result()  # a device's error (out of memory: the engine's message) is raised here
     out = torch.cat([r[0].to(query.device) for r in results], dim=-3)
-    if log.isEnabledFor(log_level):
+    if measure:
         inputs = lambda g: sum(t[..., s, :, :].numel() * t.element_size()  # noqa: E731
                                for t, s in ((query, g.q_heads), (key, g.kv_heads), (value, g.kv_heads)))
         log.log(log_level, "attention on %d devices, %s: %s", len(groups), tuple(query.shape), "; ".join(

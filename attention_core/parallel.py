@@ -30,10 +30,11 @@ from typing import List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from .autocast import autocast_inputs
 from .ops import attention_backward, attention_forward
 from .sdpa import scaled_dot_product_attention
 
-__all__ = ["ulysses_attention", "ring_attention", "zigzag_chunks"]
+__all__ = ["ulysses_attention", "ring_attention", "zigzag_chunks", "flash_layout_attention"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -273,7 +274,10 @@ class _MoveChunks(torch.autograd.Function):
 
 
 def _agreed(fn, group, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    """(rank, P, q, k, v) once every rank has agreed on the inputs (under autocast: cast as torch's SDPA does)."""
     err = _local_problems(q, k, v, attn_mask, is_causal, dropout_p)
+    if err is None:
+        q, k, v = autocast_inputs(q, k, v)
     flags = [float(bool(is_causal)), -1.0 if scale is None else float(scale), float(bool(enable_gqa)),
              float(dropout_p)]
     if err is None and q.shape[1] != k.shape[1]:
@@ -282,7 +286,7 @@ def _agreed(fn, group, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_g
                    f"attention (as torch's SDPA requires)")
         elif q.shape[1] % k.shape[1]:
             err = f"GQA needs q heads ({q.shape[1]}) divisible by k/v heads ({k.shape[1]})"
-    return _agree(fn, group, q, k, v, attn_mask, flags, err)
+    return (*_agree(fn, group, q, k, v, attn_mask, flags, err), q, k, v)
 
 
 def ulysses_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, *,
@@ -290,7 +294,7 @@ def ulysses_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, s
     """This rank's slice of full attention over a sequence sharded across `group` (see the module docstring):
     all-to-all to head shards, the engine's scaled_dot_product_attention on full sequences, all-to-all back."""
     fn = "ulysses_attention"
-    rank, P = _agreed(fn, group, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    rank, P, q, k, v = _agreed(fn, group, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     B, H, n, _ = q.shape
     Hkv = k.shape[1]
     if H % P:
@@ -429,7 +433,7 @@ def ring_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scal
     """This rank's slice of full attention over a sequence sharded across `group` (see the module docstring):
     K/V blocks around the ring, partial results merged with their log-sum-exp; causal runs load-balanced."""
     fn = "ring_attention"
-    rank, P = _agreed(fn, group, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    rank, P, q, k, v = _agreed(fn, group, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if dropout_p > 0:
         raise NotImplementedError(f"{fn}: dropout_p={dropout_p} is not supported by the ring (its blocks would "
                                   f"need one dropout pattern across ranks); use ulysses_attention for dropout.")
@@ -450,3 +454,23 @@ def ring_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scal
     if zigzag:
         out = _MoveChunks.apply(out, after, before, rank, group)
     return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# for frameworks that take a flash_attn_func-style callable (yunchang's UlyssesAttention, xDiT through yunchang)
+
+
+def flash_layout_attention(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                           softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, *args,
+                           **kwargs):
+    """flash_attn_func's calling convention ([B, L, H, D] tensors, GQA by head count) on this engine; returns out
+    [B, L, H, Dv]. Options the engine does not have (sliding window, softcap, ALiBi, attention probabilities)
+    raise NotImplementedError rather than being ignored."""
+    if tuple(window_size) != (-1, -1) or softcap or alibi_slopes is not None or return_attn_probs:
+        raise NotImplementedError(
+            f"flash_layout_attention: window_size={window_size}, softcap={softcap}, alibi_slopes="
+            f"{'set' if alibi_slopes is not None else None}, return_attn_probs={return_attn_probs} are not "
+            f"supported by the tiled engine; only dropout_p, softmax_scale and causal are")
+    out = scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, dropout_p,
+                                       causal, softmax_scale, q.shape[2] != k.shape[2])
+    return out.transpose(1, 2)

@@ -6,7 +6,9 @@ For each P it starts P processes (gloo over 127.0.0.1, one intra-op thread each)
 one float32 problem and times attention_core.parallel.ulysses_attention and ring_attention (plain and causal),
 forward only; the baseline is attention_core.scaled_dot_product_attention on all N tokens in one process with one
 thread. Memory is the rise of the process's resident set over the inputs (Linux VmHWM, reset before each call via
-/proc/self/clear_refs), so it counts everything the call allocates: tiles, all-to-all buffers, ring blocks.
+/proc/self/clear_refs; glibc told to mmap blocks over 64 KB so freed memory leaves the RSS), so it counts everything
+the call allocates: tiles, all-to-all buffers, ring blocks. Wall times suffer from other load on the machine; the
+CPU seconds per rank are the steadier figure.
 """
 from __future__ import annotations
 
@@ -50,6 +52,18 @@ def _measure(call, repeats):
     return best
 
 
+def _engine_kwargs(args):
+    return {"memory_budget": args.memory_budget_mb << 20} if args.memory_budget_mb else {}
+
+
+def _warm_up():
+    """The engine's first call in a process pays one-time setup; keep it out of the figures."""
+    import torch
+    from attention_core import scaled_dot_product_attention
+    q = torch.randn(1, 2, 64, 16)
+    scaled_dot_product_attention(q, q, q)
+
+
 def _problem(args, dtype):
     import torch
     g = torch.Generator().manual_seed(0)
@@ -67,13 +81,14 @@ def rank_main(rank, world, init, args, out_path):
                             timeout=datetime.timedelta(seconds=600))
     n = args.tokens // world
     q, k, v = (t[:, :, rank * n:(rank + 1) * n].contiguous() for t in _problem(args, torch.float32))
-    res = {}
+    res, kw = {}, _engine_kwargs(args)
+    _warm_up()
     with torch.no_grad():
         for algo in ("ulysses", "ring"):
             for causal in (False, True):
                 fn = getattr(parallel, f"{algo}_attention")
                 dist.barrier()
-                res[f"{algo}{' causal' if causal else ''}"] = _measure(lambda: fn(q, k, v, is_causal=causal),
+                res[f"{algo}{' causal' if causal else ''}"] = _measure(lambda: fn(q, k, v, is_causal=causal, **kw),
                                                                        args.repeats)
     with open(out_path, "w") as f:
         json.dump(res, f)
@@ -86,9 +101,11 @@ def single(args):
     from attention_core import scaled_dot_product_attention
     torch.set_num_threads(1)
     q, k, v = _problem(args, torch.float32)
+    kw = _engine_kwargs(args)
+    _warm_up()
     with torch.no_grad():
         return {f"one process{' causal' if c else ''}":
-                _measure(lambda: scaled_dot_product_attention(q, k, v, is_causal=c), args.repeats)
+                _measure(lambda: scaled_dot_product_attention(q, k, v, is_causal=c, **kw), args.repeats)
                 for c in (False, True)}
 
 
@@ -98,14 +115,20 @@ def main(argv=None):
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--memory-budget-mb", type=int, default=64,
+                    help="the engine's tile budget on every rank (0: its default, a share of free memory)")
     ap.add_argument("--rank-worker", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if os.environ.get("MALLOC_MMAP_THRESHOLD_") is None:  # large blocks mmapped, so freed memory leaves the RSS
+        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
+        raise SystemExit(subprocess.call([sys.executable, "-m", "tools.parallel_bench", *sys.argv[1:]], cwd=ROOT,
+                                         env=env))
     if args.rank_worker:
         rank, world, init, out = args.rank_worker
         return rank_main(int(rank), int(world), init, args, out)
     print(f"N={args.tokens}, H={args.heads}, D={args.dim}, float32, forward, 1 thread per process, "
-          f"{os.cpu_count()} CPU cores")
+          f"{os.cpu_count()} CPU cores, engine tile budget {args.memory_budget_mb or 'default'} MB")
     print(f"{'':22} {'P':>2} {'wall s (max rank)':>18} {'CPU s (per rank)':>17} {'peak MB (max rank)':>19}")
     for name, (wall, cpu, mb) in single(args).items():
         print(f"{name:22} {1:>2} {wall:18.2f} {cpu:17.2f} {mb:19.0f}")
@@ -113,10 +136,10 @@ def main(argv=None):
         tmp = tempfile.mkdtemp(prefix="parallel-bench-")
         init = "file://" + os.path.join(tmp, "rendezvous")
         common = ["--tokens", str(args.tokens), "--heads", str(args.heads), "--dim", str(args.dim),
-                  "--repeats", str(args.repeats)]
+                  "--repeats", str(args.repeats), "--memory-budget-mb", str(args.memory_budget_mb)]
         procs = [subprocess.Popen([sys.executable, "-m", "tools.parallel_bench", *common, "--rank-worker", str(r),
                                    str(world), init, os.path.join(tmp, f"{r}.json")], cwd=ROOT,
-                                  env={**os.environ, "OMP_NUM_THREADS": "1"}) for r in range(world)]
+                                  env=os.environ) for r in range(world)]
         if any(p.wait() for p in procs):
             raise SystemExit(f"a rank of the {world}-process run failed")
         ranks = []

@@ -94,3 +94,14 @@ def test_no_grad_and_inference_mode_carry_into_the_device_threads():
         assert modes == [(True, False)] * 3
     finally:
         multidevice.scaled_dot_product_attention = real
+
+
+def test_autocast_decides_the_dtype_as_on_one_device():
+    """Autocast state is per thread; the split takes the caller's (fp32 inputs computed in bf16, as torch does)."""
+    from attention_core import scaled_dot_product_attention
+    q, k, v = (torch.randn(1, 4, 10, 8) for _ in range(3))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        one = scaled_dot_product_attention(q, k, v)
+        split = on_devices(q, k, v, devices=CPU3)
+    assert one.dtype == split.dtype == torch.bfloat16
+    assert torch.equal(one, split)

@@ -40,6 +40,7 @@ CASES = {
     "scale_dv": dict(B=1, H=4, Hkv=4, n=6, D=8, Dv=5, scale=0.3),
     "fp32": dict(B=1, H=4, Hkv=4, n=16, D=16, causal=True, dtype="float32"),
     "fp16": dict(B=2, H=4, Hkv=2, n=16, D=16, gqa=True, mask="key_padding", dtype="float16"),
+    "autocast": dict(B=1, H=4, Hkv=4, n=6, D=8, causal=True, dtype="float32", autocast=True),
     "heads_not_divisible": dict(B=1, H=3, Hkv=3, n=6, D=8, expect={"ulysses": "ValueError"}),
     "ranks_disagree": dict(B=1, H=4, Hkv=4, n=6, D=8, bad="rank1_longer", expect="ValueError"),
     "rank0_malformed": dict(B=1, H=4, Hkv=4, n=6, D=8, bad="rank0_3d", expect="ValueError"),
@@ -112,6 +113,10 @@ def run_case(name, spec, algo, rank, P):
     if spec.get("bad") == "rank0_3d" and rank == 0:
         args[0] = mine[0][0]
     t0 = time.perf_counter()
+    if spec.get("autocast"):  # fp32 inputs computed in bf16, as torch's SDPA does under autocast
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = fn(*args, attn_mask=my_mask, **kw)
+        return {"seconds": time.perf_counter() - t0, "dtype": str(out.dtype), "finite": True}
     out = fn(*args, attn_mask=my_mask, **kw)
     out.backward(slice_rows(dout, rank, n).to(dtype))
     res = {"seconds": time.perf_counter() - t0, "shape": tuple(out.shape), "finite": bool(torch.isfinite(out).all())}
@@ -122,6 +127,28 @@ def run_case(name, spec, algo, rank, P):
             slice_rows(r, rank, n).abs().max().item() for r in ref_grads]
         res["torch_err"] = torch_err
     return res
+
+
+def yunchang_case(rank, world):
+    """The documented recipe: yunchang's UlyssesAttention with this engine as its local attention."""
+    try:
+        from yunchang import UlyssesAttention
+        from yunchang.kernels import AttnType
+    except ImportError as e:
+        return {"outcome": "missing", "message": str(e)}
+    import torch.nn.functional as F
+    from attention_core.parallel import flash_layout_attention
+    try:
+        q, k, v, dout, _ = build(dict(B=1, H=4, Hkv=4, n=6, D=8), world, seed=11)
+        ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        n = q.shape[2] // world
+        mine = [slice_rows(t, rank, n).transpose(1, 2).contiguous() for t in (q, k, v)]  # [B, N/P, H, D]
+        attn = UlyssesAttention(None, attn_type=AttnType.TORCH_MATH)
+        attn.attn_fn = flash_layout_attention
+        out = attn(*mine, causal=True).transpose(1, 2)
+        return {"outcome": "ok", "err": (out - slice_rows(ref, rank, n)).abs().max().item()}
+    except Exception as e:  # noqa: BLE001
+        return {"outcome": type(e).__name__, "message": str(e), "trace": traceback.format_exc()}
 
 
 def worker(rank, world, init, out_dir):
@@ -143,6 +170,7 @@ def worker(rank, world, init, out_dir):
             except Exception as e:  # noqa: BLE001 - recorded for the test to judge
                 results[(name, algo)] = {"outcome": type(e).__name__, "message": str(e),
                                          "trace": traceback.format_exc(), "seconds": time.perf_counter() - t0}
+    results[("yunchang", "ulysses")] = yunchang_case(rank, world)
     if not only:  # last, as it leaves its group broken: rank 1 never calls, the others must not hang
         absent = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=ABSENT_TIMEOUT_S))
         q = torch.randn(1, 4, 6, 8)
@@ -230,6 +258,8 @@ def test_every_rank(groups, world, algo, case):
             continue
         assert res["outcome"] == "ok", f"{where}: {res.get('trace', res)}"
         assert res["finite"], where
+        if spec.get("autocast"):
+            assert res["dtype"] == "torch.bfloat16", where
         if "err" not in res:
             continue
         if res["torch_err"] is not None:  # fp32: within a few times torch's own fp32 error
@@ -266,6 +296,19 @@ def test_a_rank_that_never_calls_gives_an_error_not_a_hang(groups, world):
         assert res["outcome"] == "RuntimeError", res
         assert "not every rank of the process group joined" in res["message"], res["message"]
         assert res["seconds"] < ABSENT_TIMEOUT_S + 20, res
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_yunchang_ulysses_with_this_engine(groups, world):
+    """The README recipe for yunchang (and xDiT, which attends through it): exact on every rank."""
+    runs = groups(world)
+    for rank in range(world):
+        res = runs[rank][("yunchang", "ulysses")]
+        if res["outcome"] == "missing":
+            from comfy_harness import missing
+            missing(f"yunchang is not installed (pip install --no-deps yunchang==0.6.4): {res['message']}")
+        assert res["outcome"] == "ok", res.get("trace", res)
+        assert res["err"] < 1e-12, res
 
 
 def test_messages_name_the_problem(groups):
