@@ -1,0 +1,19 @@
+"""attention_core: exact tiled attention in plain PyTorch matmuls, O(N) memory in forward and backward.
+
+Public API
+    scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, *, tier, ...)
+    detect(device=None) -> DeviceReport         does this device need tiled attention?
+    enable(), disable(), is_enabled(), patched()  optional global patch of torch's SDPA (never at import)
+    chunk_ffn(module, chunks=0), ChunkedFFN      exact token-chunked feed-forward
+Importing this package changes nothing global.
+"""
+from .detection import DeviceReport, detect
+from .ffn import ChunkedFFN, chunk_ffn, unchunk_ffn
+from .memory import AttentionMemoryError
+from .patch import disable, enable, is_enabled, patched
+from .sdpa import scaled_dot_product_attention
+from .tiers import ORDER as TIERS, TIER_CHOICES
+
+__all__ = ["scaled_dot_product_attention", "detect", "DeviceReport", "enable", "disable", "is_enabled", "patched",
+           "chunk_ffn", "unchunk_ffn", "ChunkedFFN", "AttentionMemoryError", "TIERS", "TIER_CHOICES"]
+__version__ = "0.1.0"

@@ -1,0 +1,196 @@
+"""The differentiable boundary: the engine as torch custom ops with autograd, vmap and fake (meta) rules.
+
+    tiled_attention::fwd (q5, k4, v4, mask5, seed, config...) -> (O5, L, row max)
+    tiled_attention::bwd (dO5, dL, q5, k4, v4, mask5, O5, L, row max, seed, config...) -> (dq5, dk4, dv4, dmask5)
+
+Tensors are in problem.py's canonical layout; everything else is a schema type (bool, int, float, str, None), so
+torch.compile(fullgraph=True) traces through the call and tile planning (free memory, data-dependent bounds)
+happens inside the op. Autograd saves q, k, v, the mask, O and the fp32 L (and row max) only: O(N) memory.
+vmap folds the vmapped dim into the batch dim. A backward run with grad mode on (create_graph=True, torch.func
+transforms) takes a differentiable recompute instead (plain torch ops; it keeps the full score matrix for the
+graph, so it is O(Lq * Lk) memory); first-order backward never does.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .numerics import dropout_keep, stats_dtype
+from .ops import backward_canonical, forward_canonical
+from .problem import AttentionProblem
+
+_OPTS = ("tier", "block_q", "block_kv", "memory_budget", "precision", "flush_to_zero")
+
+
+@torch.library.custom_op("tiled_attention::fwd", mutates_args=())
+def attention_fwd(q5: Tensor, k4: Tensor, v4: Tensor, mask5: Optional[Tensor], seed: Optional[Tensor],
+                  causal: bool, causal_offset: int, scale: float, dropout_p: float, tier: str,
+                  block_q: Optional[int], block_kv: Optional[int], memory_budget: Optional[int], precision: str,
+                  flush_to_zero: Optional[bool]) -> Tuple[Tensor, Tensor, Tensor]:
+    s = int(seed.item()) if seed is not None else 0
+    return forward_canonical(q5, k4, v4, mask5, s, causal, causal_offset, scale, dropout_p, tier, block_q,
+                             block_kv, memory_budget, precision, flush_to_zero)
+
+
+@attention_fwd.register_fake
+def _attention_fwd_fake(q5, k4, v4, mask5, seed, causal, causal_offset, scale, dropout_p, tier, block_q, block_kv,
+                        memory_budget, precision, flush_to_zero):
+    B, H, G, Lq, _ = q5.shape
+    st = stats_dtype(q5.dtype)
+    return (q5.new_empty((B, H, G, Lq, v4.shape[-1])), q5.new_empty((B, H, G, Lq), dtype=st),
+            q5.new_empty((B, H, G, Lq), dtype=st))
+
+
+@torch.library.custom_op("tiled_attention::bwd", mutates_args=())
+def attention_bwd(dout5: Tensor, dlse: Optional[Tensor], q5: Tensor, k4: Tensor, v4: Tensor, mask5: Optional[Tensor],
+                  out5: Tensor, lse: Tensor, rowmax: Optional[Tensor], seed: Optional[Tensor], causal: bool,
+                  causal_offset: int, scale: float, dropout_p: float, need_dmask: bool, tier: str,
+                  block_q: Optional[int], block_kv: Optional[int], memory_budget: Optional[int], precision: str,
+                  flush_to_zero: Optional[bool]) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    s = int(seed.item()) if seed is not None else 0
+    dq, dk, dv, dm = backward_canonical(dout5, dlse, q5, k4, v4, mask5, out5, lse, rowmax, s, causal, causal_offset,
+                                        scale, dropout_p, need_dmask, tier, block_q, block_kv, memory_budget,
+                                        precision, flush_to_zero)
+    return dq, dk, dv, (dm if dm is not None else q5.new_empty((0,)))
+
+
+@attention_bwd.register_fake
+def _attention_bwd_fake(dout5, dlse, q5, k4, v4, mask5, out5, lse, rowmax, seed, causal, causal_offset, scale,
+                        dropout_p, need_dmask, *opts):
+    dm = torch.empty_like(mask5) if need_dmask and mask5 is not None else q5.new_empty((0,))
+    return torch.empty_like(q5), torch.empty_like(k4), torch.empty_like(v4), dm
+
+
+# ---- autograd ---------------------------------------------------------------------------------------------------
+
+def _setup_context(ctx, inputs, output):
+    q5, k4, v4, mask5, seed, *config = inputs
+    out5, lse, rowmax = output
+    ctx.save_for_backward(q5, k4, v4, mask5, seed, out5, lse, rowmax)
+    ctx.config = tuple(config)  # causal, causal_offset, scale, dropout_p, then the engine options
+
+
+def _backward(ctx, dout5, dlse, _drowmax):
+    q5, k4, v4, mask5, seed, out5, lse, rowmax = ctx.saved_tensors
+    causal, causal_offset, scale, dropout_p, *opts = ctx.config
+    need_dmask = mask5 is not None and bool(ctx.needs_input_grad[3])
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                       for t in (dout5, dlse, q5, k4, v4, mask5)):
+        dq, dk, dv, dm = differentiable_backward(dout5, dlse, q5, k4, v4, mask5, seed, causal, causal_offset, scale,
+                                                 dropout_p, need_dmask)
+    else:
+        dq, dk, dv, dm = torch.ops.tiled_attention.bwd(dout5, dlse, q5, k4, v4, mask5, out5, lse, rowmax, seed,
+                                                       causal, causal_offset, scale, dropout_p, need_dmask, *opts)
+    return (dq, dk, dv, dm if need_dmask else None) + (None,) * (1 + len(ctx.config))
+
+
+attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def differentiable_backward(dout5, dlse, q5, k4, v4, mask5, seed, causal, causal_offset, scale, dropout_p,
+                            need_dmask):
+    """The gradients by autograd through plain torch attention (create_graph), so they can be differentiated
+    again (gradient penalties, torch.func.hessian). Same dropout bits as the tiles. O(Lq * Lk) memory."""
+    def leaf(t):
+        return t if t.requires_grad else t.detach().requires_grad_(True)
+    xs = [leaf(q5), leaf(k4), leaf(v4)]
+    m = leaf(mask5) if need_dmask else mask5
+    with torch.enable_grad():
+        out, lse = plain_attention(*xs, m, seed, causal, causal_offset, scale, dropout_p)
+        wrt = xs + ([m] if need_dmask else [])
+        outs, grads = [out], [dout5]
+        if dlse is not None:
+            outs.append(lse)
+            grads.append(dlse)
+        res = torch.autograd.grad(outs, wrt, grads, create_graph=True, allow_unused=True)
+    res = [torch.zeros_like(w) if g is None else g.to(w.dtype) for g, w in zip(res, wrt)]
+    return res[0], res[1], res[2], (res[3] if need_dmask else None)
+
+
+def plain_attention(q5, k4, v4, mask5, seed, causal, causal_offset, scale, dropout_p):
+    """(O5, L) in differentiable torch ops, computed in the statistics dtype (fp32, fp64 for fp64)."""
+    st = stats_dtype(q5.dtype)
+    B, H, G, Lq, E = q5.shape
+    Lk = k4.shape[2]
+    s = torch.matmul(q5.to(st) * scale, k4.to(st).unsqueeze(2).transpose(-1, -2))  # (B, H, G, Lq, Lk)
+    if mask5 is not None:
+        s = s.masked_fill(~mask5, float("-inf")) if mask5.dtype == torch.bool else s + mask5.to(st)
+    if causal:
+        rows = torch.arange(Lq, device=s.device).view(-1, 1) + causal_offset
+        s = s.masked_fill(torch.arange(Lk, device=s.device).view(1, -1) > rows, float("-inf"))
+    m = s.detach().amax(-1, keepdim=True)
+    m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+    e = torch.exp(s - m)
+    l = e.sum(-1, keepdim=True)
+    empty = l == 0
+    l_safe = torch.where(empty, torch.ones_like(l), l)
+    lse = torch.where(empty, torch.full_like(l, float("-inf")), m + torch.log(l_safe)).squeeze(-1)
+    prob = e / l_safe
+    if dropout_p > 0:
+        p = AttentionProblem(q5=q5, k4=k4, v4=v4, mask5=None, causal=causal, scale=scale, dropout_p=dropout_p,
+                             dropout_seed=int(seed.item()) if seed is not None else 0, out_shape=(),
+                             squeeze_2d=False)
+        rows = torch.arange(Lq, device=s.device, dtype=torch.int64).view(-1, 1)
+        cols = torch.arange(Lk, device=s.device, dtype=torch.int64).view(1, -1)
+        keep = dropout_keep(p.dropout_seed, dropout_p, p.head_index(), rows, cols, Lq, Lk)
+        prob = prob * keep / (1.0 - dropout_p) if dropout_p < 1 else prob * 0
+    out = torch.matmul(prob, v4.to(st).unsqueeze(2))
+    return out.to(q5.dtype), lse
+
+
+# ---- vmap: fold the vmapped dim into the batch dim --------------------------------------------------------------
+
+def _batched(x, d, n):
+    """x with the vmapped dim first (expanded when x is not vmapped), or None."""
+    if x is None:
+        return None
+    return x.movedim(d, 0) if d is not None else x.unsqueeze(0).expand(n, *x.shape)
+
+
+def _fold(x):
+    return None if x is None else x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+
+
+def _fold_mask(mask5, d, n, B, per_sample: bool):
+    """The mask for the folded batch: unchanged when not vmapped (it broadcasts), else (n*B, ...)."""
+    if mask5 is None or (d is None and not per_sample):
+        return mask5
+    m = _batched(mask5, d, n)
+    return _fold(m.expand(n, B, *m.shape[2:]) if m.shape[1] != B else m)
+
+
+def _fwd_vmap(info, in_dims, q5, k4, v4, mask5, seed, *config):
+    n = info.batch_size
+    if in_dims[4] is not None:
+        raise RuntimeError("tiled attention under vmap: the dropout seed cannot be vmapped")
+    B = _batched(q5, in_dims[0], n).shape[1]
+    q, k, v = (_fold(_batched(t, d, n)) for t, d in zip((q5, k4, v4), in_dims[:3]))
+    m = _fold_mask(mask5, in_dims[3], n, B, False)
+    out, lse, rowmax = torch.ops.tiled_attention.fwd(q, k, v, m, seed, *config)
+    return tuple(t.view(n, B, *t.shape[1:]) for t in (out, lse, rowmax)), (0, 0, 0)
+
+
+def _bwd_vmap(info, in_dims, dout5, dlse, q5, k4, v4, mask5, out5, lse, rowmax, seed, causal, causal_offset, scale,
+              dropout_p, need_dmask, *opts):
+    n = info.batch_size
+    if in_dims[9] is not None:
+        raise RuntimeError("tiled attention under vmap: the dropout seed cannot be vmapped")
+    B = _batched(q5, in_dims[2], n).shape[1]
+    args = [_fold(_batched(t, d, n)) for t, d in zip((dout5, dlse, q5, k4, v4), in_dims[:5])]
+    m = _fold_mask(mask5, in_dims[5], n, B, need_dmask)
+    rest = [_fold(_batched(t, d, n)) for t, d in zip((out5, lse, rowmax), in_dims[6:9])]
+    dq, dk, dv, dm = torch.ops.tiled_attention.bwd(*args, m, *rest, seed, causal, causal_offset, scale, dropout_p,
+                                                   need_dmask, *opts)
+    res = [t.view(n, B, *t.shape[1:]) for t in (dq, dk, dv)]
+    if need_dmask:
+        dm = dm.view(n, B, *dm.shape[1:])
+        if _batched(mask5, in_dims[5], n).shape[1] == 1 and B != 1:  # the mask broadcast over the batch
+            dm = dm.sum(1, keepdim=True)
+        return (*res, dm), (0, 0, 0, 0)
+    return (*res, dm), (0, 0, 0, None)
+
+
+torch.library.register_vmap("tiled_attention::fwd", _fwd_vmap)
+torch.library.register_vmap("tiled_attention::bwd", _bwd_vmap)

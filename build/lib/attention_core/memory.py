@@ -1,0 +1,150 @@
+"""Free memory per device and tile sizes from a budget.
+
+A tile of r score rows by c keys costs about r * c * bytes_per_score(...) bytes on top of the inputs and the
+output; `plan_forward` / `plan_backward` pick the tallest tile that fits the budget, capped at a size that keeps
+the GEMMs efficient (bigger tiles buy nothing past that, and on the CPU they fall out of cache).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Optional
+
+import torch
+
+from .numerics import Numerics
+from .problem import AttentionProblem
+
+MIN_BLOCK = 16
+# query rows per head a tile keeps before it splits heads into groups: the GEMMs stay efficient above this
+PREF_ROWS = 64
+# score elements per tile we aim for (full rows for chunked / inplace, bq x bk for online)
+TARGET_TILE_ELEMS = {"cpu": 1 << 20, "other": 1 << 27}
+ONLINE_BLOCK_KV = {"cpu": 1024, "other": 4096}
+# share of the free memory the tiles may take when no budget is given
+FREE_FRACTION = {"cpu": 0.5, "other": 0.7}
+
+
+class AttentionMemoryError(MemoryError):
+    """Even the smallest online tile does not fit."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A tile: block_q query rows of block_h kv heads (with their GQA groups and the batch) x block_kv keys."""
+    tier: str
+    block_q: int
+    block_kv: int
+    block_h: int
+
+    def smaller(self) -> Optional["Plan"]:
+        """Halve the tile (heads first, then query rows, then the keys of online tiles); None at the floor."""
+        if self.block_h > 1:
+            return replace(self, block_h=self.block_h // 2)
+        if self.block_q > MIN_BLOCK:
+            return replace(self, block_q=max(MIN_BLOCK, self.block_q // 2))
+        if self.tier in ("online", "backward") and self.block_kv > MIN_BLOCK:
+            return replace(self, block_kv=max(MIN_BLOCK, self.block_kv // 2))
+        return None
+
+
+def _kind(device: torch.device) -> str:
+    return "cpu" if device.type == "cpu" else "other"
+
+
+def free_memory(device: torch.device) -> Optional[int]:
+    """Bytes the tiles could take on `device` now: the driver's free memory plus PyTorch's cached-but-unused
+    blocks (CUDA / ROCm), available RAM (CPU), or None when the backend cannot tell."""
+    try:
+        if device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(device)
+            cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+            return int(free + max(0, cached))
+        if device.type == "cpu":
+            import psutil
+            return int(psutil.virtual_memory().available)
+        if device.type == "xpu" and hasattr(torch.xpu, "mem_get_info"):
+            free, _ = torch.xpu.mem_get_info(device)
+            return int(free)
+        if device.type == "mps":
+            return int(torch.mps.recommended_max_memory() - torch.mps.driver_allocated_memory())
+    except Exception:  # a backend without the query: fall through to "unknown"
+        return None
+    return None
+
+
+def tile_budget(device: torch.device, memory_budget: Optional[int] = None) -> int:
+    """Bytes one call's tiles may use: `memory_budget` when given, else a share of the free memory."""
+    if memory_budget is not None:
+        if memory_budget <= 0:
+            raise ValueError(f"memory_budget must be a positive number of bytes, got {memory_budget}")
+        return int(memory_budget)
+    free = free_memory(device)
+    if free is None:
+        free = 4 << 30
+    return int(free * FREE_FRACTION[_kind(device)])
+
+
+def bytes_per_score(tier: str, p: AttentionProblem, num: Numerics, backward: bool = False) -> int:
+    """Transient bytes per score element of one tile for `tier` (or the backward)."""
+    isz = torch.empty((), dtype=num.compute).element_size()
+    if num.compute == torch.float16:
+        isz = 4  # a tile may be recomputed in fp32 by the overflow guard
+    st = torch.empty((), dtype=num.stats).element_size()
+    extra = 0
+    if p.mask5 is not None and p.mask5.dtype == torch.bool:
+        extra += 1
+    if p.dropout_p > 0:
+        extra += 3 * 8 + 1  # int64 hash temporaries and the keep bits
+    if backward:
+        return 4 * st + 3 * isz + extra
+    if tier == "chunked":
+        return 2 * isz + extra
+    if tier == "inplace":
+        return isz + extra
+    return isz + 2 * st + extra  # online: score, fp32 weights, cast for the P V GEMM
+
+
+def _round(b: int) -> int:
+    return b if b < 64 else b - b % 16
+
+
+def _tile(p: AttentionProblem, per: int, budget: int, bk: int, block_q, shrink_kv: bool):
+    """(bq, bk, heads) for tiles of `per` bytes a score within `budget`, or None; halves bk while allowed.
+
+    A (kv head, query row) pair holds B * G * bk scores. The tile takes as many pairs as the target size and
+    the budget allow, all heads when that leaves PREF_ROWS rows per head, else fewer heads with more rows."""
+    lq, hkv = max(1, p.Lq), max(1, p.Hkv)
+    target = TARGET_TILE_ELEMS[_kind(p.device)]
+    while True:
+        per_pair = max(1, p.B * p.G) * bk
+        if block_q is not None:
+            return min(block_q, lq), bk, hkv
+        fit = budget // (per_pair * per)
+        if fit >= min(MIN_BLOCK, lq):
+            pairs = min(max(MIN_BLOCK, target // per_pair), fit)
+            if pairs >= hkv * min(PREF_ROWS, lq):
+                return max(1, _round(min(lq, pairs // hkv))), bk, hkv
+            bq = min(lq, max(min(MIN_BLOCK, lq), min(PREF_ROWS, pairs)))
+            return max(1, _round(bq)), bk, max(1, min(hkv, pairs // bq))
+        if not shrink_kv or bk <= MIN_BLOCK:
+            return None
+        bk = max(MIN_BLOCK, bk // 2)
+
+
+def plan_forward(p: AttentionProblem, num: Numerics, tier: str, budget: int, block_q=None,
+                 block_kv=None) -> Optional[Plan]:
+    """The tile for `tier` within `budget` bytes, honouring user block sizes; None if MIN_BLOCK rows do not fit."""
+    per = bytes_per_score(tier, p, num)
+    if tier in ("chunked", "inplace"):
+        t = _tile(p, per, budget, max(1, p.Lk), block_q, shrink_kv=False)
+    else:
+        bk = block_kv or min(max(1, p.Lk), ONLINE_BLOCK_KV[_kind(p.device)])
+        t = _tile(p, per, budget, bk, block_q, shrink_kv=block_kv is None)
+    return None if t is None else Plan(tier, *t)
+
+
+def plan_backward(p: AttentionProblem, num: Numerics, budget: int, block_q=None, block_kv=None) -> Optional[Plan]:
+    """Backward tiles: full key rows when they fit (fewer, larger GEMMs), else bq x bk tiles."""
+    per = bytes_per_score("online", p, num, backward=True)
+    t = _tile(p, per, budget, block_kv or max(1, p.Lk), block_q, shrink_kv=block_kv is None)
+    return None if t is None else Plan("backward", *t)

@@ -1,0 +1,476 @@
+"""Sequence-parallel exact attention over torch.distributed: Ulysses (all-to-all) and ring (log-sum-exp merge).
+
+Contract of both functions: P ranks of `group` each hold a contiguous slice of the sequence, q/k/v of shape
+[B, H, N/P, D] in rank order along dim -2 (rank r holds tokens r*N/P .. (r+1)*N/P - 1), and each gets back its
+slice of full attention over all N tokens, exactly (to fp32 rounding) what torch's SDPA gives on the gathered
+tensors. attn_mask, when given, holds this rank's query rows and ALL N key columns (in global order):
+broadcastable to [B, H, N/P, N] (a key-padding mask [B, 1, 1, N] costs nothing extra).
+
+  Ulysses  all-to-all from sequence shards to head shards ([B, H/P, N, D]), the engine on full sequences, all-to-all
+           back. Needs H (query heads) divisible by P. Moves 4 x B*H*N*D/P elements per rank per call (q, k, v, out;
+           k, v less under GQA). Memory: the engine's O(N) on H/P heads.
+  Ring     K/V blocks pass around the ring (rank r sends to r+1); each step's partial (out, lse) merges into the
+           running result: lse = logaddexp(lse_a, lse_b), out = out_a e^(lse_a-lse) + out_b e^(lse_b-lse).
+           Causal attention is load-balanced: internally the sequence is cut in 2P chunks and rank r works on
+           chunks r and 2P-1-r ("zigzag"); the reorder is an all-to-all of q, k, v (and back of out) that the
+           caller never sees. Backward passes K/V with their dK/dV accumulators around the ring the same way and
+           one more hop home; each block's gradient comes from the recompute backward given the GLOBAL out and lse.
+           Memory O(N/P) per rank. dropout_p > 0 raises NotImplementedError (use Ulysses).
+
+Every call first all-gathers a small description of each rank's inputs, so ranks that disagree (shapes, dtype,
+flags) or a rank whose inputs are malformed raise a ValueError on every rank instead of hanging; every collective
+after that runs under the process group's timeout (init_process_group(timeout=...)).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from .autocast import autocast_inputs
+from .ops import attention_backward, attention_forward
+from .sdpa import scaled_dot_product_attention
+
+__all__ = ["ulysses_attention", "ring_attention", "zigzag_chunks", "flash_layout_attention"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the per-block (out, lse) primitive: the engine's raw ops
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _repeat_kv(t, groups):
+    return t if groups == 1 else t.repeat_interleave(groups, dim=1)
+
+
+def block_forward(q, k, v, mask, causal, scale, engine_kwargs):
+    """(out, lse) of q against one K/V block (GQA when k has fewer heads); lse fp32 (fp64 for fp64 inputs)."""
+    return attention_forward(q, k, v, attn_mask=mask, is_causal=causal, scale=scale,
+                             enable_gqa=q.shape[1] != k.shape[1], **engine_kwargs)
+
+
+def block_backward(dout, q, k, v, out, lse, mask, causal, scale, engine_kwargs):
+    """(dq, dk, dv) in the accumulation dtype: this block's exact contribution given the global out and lse."""
+    acc = _acc_dtype(q.dtype)
+    dq, dk, dv = attention_backward(dout, q, k, v, out, lse, attn_mask=mask, is_causal=causal, scale=scale,
+                                    enable_gqa=q.shape[1] != k.shape[1], **engine_kwargs)
+    return dq.to(acc), dk.to(acc), dv.to(acc)
+
+
+def merge_partial(out_a, lse_a, out_b, lse_b):
+    """Merge two partial attentions over disjoint key sets: lse = logaddexp, out weighted by e^(lse_x - lse).
+
+    out_a is the running result in the accumulation dtype (updated in place); rows with no key yet have lse -inf and
+    out 0, and stay so until a block brings keys."""
+    m = torch.maximum(lse_a, lse_b)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    wa, wb = torch.exp(lse_a - m), torch.exp(lse_b - m)
+    s = wa + wb
+    lse_a.copy_(m + torch.log(s))
+    s = torch.where(s > 0, s, torch.ones_like(s))
+    out_a.mul_((wa / s)[..., None]).add_(out_b.to(out_a.dtype) * (wb / s)[..., None])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# agreement: one small all_gather before anything else, so bad input raises everywhere instead of hanging
+
+_META = 40
+_DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.bool]
+
+
+def _describe(t) -> List[float]:
+    if t is None:
+        return [-1] * 6
+    if not isinstance(t, torch.Tensor):
+        return [-2] * 6
+    shape = list(t.shape)[-4:]
+    code = _DTYPES.index(t.dtype) if t.dtype in _DTYPES else 9
+    return [t.dim()] + [0] * (4 - len(shape)) + shape + [code]
+
+
+def _agree(fn: str, group, q, k, v, mask, flags: Sequence[float], local_error: Optional[str]):
+    """All-gather each rank's input description; raise the same ValueError on every rank if any rank objected or
+    the descriptions differ. Returns (rank, world size)."""
+    world = dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    meta = [0.0 if local_error is None else 1.0] + _describe(q) + _describe(k) + _describe(v) + _describe(mask)
+    meta += list(flags)
+    meta += [0.0] * (_META - len(meta))
+    device = q.device if isinstance(q, torch.Tensor) and dist.get_backend(group) != "gloo" else torch.device("cpu")
+    mine = torch.tensor(meta[:_META], dtype=torch.float64, device=device)
+    table = [torch.empty_like(mine) for _ in range(world)]
+    try:
+        dist.all_gather(table, mine, group=group)
+    except RuntimeError as e:  # a rank that never calls: the process group's timeout ends the wait
+        raise RuntimeError(f"{fn} (rank {rank} of {world}): not every rank of the process group joined the call "
+                           f"within its timeout (each rank must call {fn} the same number of times, in the same "
+                           f"order): {e}") from e
+    rows = torch.stack(table).cpu()
+    if local_error is not None:
+        raise ValueError(f"{fn} (rank {rank} of {world}): {local_error}")
+    bad = [i for i in range(world) if rows[i, 0] != 0]
+    if bad:
+        raise ValueError(f"{fn} (rank {rank} of {world}): rank(s) {bad} rejected their inputs (see the error on "
+                         f"those ranks); every rank stops here.")
+    differ = [i for i in range(world) if not torch.equal(rows[i], rows[0])]
+    if differ:
+        def shapes(i):
+            r = rows[i].tolist()
+            return (f"q {_fmt(r[1:7])}, k {_fmt(r[7:13])}, v {_fmt(r[13:19])}, mask {_fmt(r[19:25])}, "
+                    f"flags {[round(x, 6) for x in r[25:25 + len(flags)]]}")
+        raise ValueError(f"{fn} (rank {rank} of {world}): the ranks disagree on their inputs; every rank must pass "
+                         f"the same shapes, dtype and flags (each holding N/P tokens). rank 0: {shapes(0)}; "
+                         + "; ".join(f"rank {i}: {shapes(i)}" for i in differ))
+    return rank, world
+
+
+def _fmt(d):
+    if d[0] == -1:
+        return "None"
+    if d[0] == -2:
+        return "not a tensor"
+    nd = int(d[0])
+    shape = [int(x) for x in d[1:5]][4 - min(nd, 4):]
+    dt = _DTYPES[int(d[5])] if int(d[5]) < len(_DTYPES) else "other"
+    return f"{tuple(shape)} {str(dt).replace('torch.', '')}"
+
+
+def _local_problems(q, k, v, attn_mask, is_causal, dropout_p) -> Optional[str]:
+    """What is wrong with this rank's inputs on their own (None if nothing)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            return f"{name} must be a tensor, got {type(t).__name__}"
+        if t.dim() != 4:
+            return f"{name} must be [B, H, N/P, D] (4-D), got shape {tuple(t.shape)}"
+    if not q.is_floating_point() or q.dtype != k.dtype or q.dtype != v.dtype:
+        return f"q, k, v must share one floating dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+    if q.shape[0] != k.shape[0] or k.shape[:3] != v.shape[:3] or q.shape[-1] != k.shape[-1]:
+        return (f"shapes do not fit together: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
+                f"(expected q [B, H, n, E], k [B, Hkv, n, E], v [B, Hkv, n, Ev])")
+    if q.shape[2] != k.shape[2]:
+        return (f"q holds {q.shape[2]} tokens but k/v hold {k.shape[2]}: sequence-parallel attention is "
+                f"self-attention over one sharded sequence (call plain SDPA for cross-attention to unsharded keys)")
+    if attn_mask is not None:
+        if not isinstance(attn_mask, torch.Tensor):
+            return f"attn_mask must be a tensor or None, got {type(attn_mask).__name__}"
+        if is_causal:
+            return "attn_mask and is_causal=True together are not allowed (as in torch's SDPA)"
+        if attn_mask.dim() > 4 or attn_mask.dim() < 1:
+            return f"attn_mask must have 1 to 4 dims, got shape {tuple(attn_mask.shape)}"
+    if not (0.0 <= float(dropout_p) <= 1.0):
+        return f"dropout_p must be in [0, 1], got {dropout_p}"
+    return None
+
+
+def _mask4(mask, B, H, n, N, fn):
+    """attn_mask as [Bm, Hm, Rm, N] (each dim full or 1); rows are this rank's query rows."""
+    if mask is None:
+        return None
+    m = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+    for dim, (size, full, what) in enumerate(zip(m.shape, (B, H, n, N), ("batch", "heads", "query rows (N/P)",
+                                                                          "key columns (all N tokens)"))):
+        if size not in (1, full):
+            raise ValueError(f"{fn}: attn_mask of shape {tuple(mask.shape)} does not broadcast to [B, H, N/P, N] = "
+                             f"[{B}, {H}, {n}, {N}] (its {what} dim is {size}); each rank passes its own query rows "
+                             f"and every key column.")
+    return m.detach()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# collectives with autograd
+
+
+def _a2a(send: torch.Tensor, group, recv_splits=None, send_splits=None) -> torch.Tensor:
+    """all_to_all_single along dim 0 (bool travels as uint8)."""
+    is_bool = send.dtype == torch.bool
+    s = send.to(torch.uint8) if is_bool else send.contiguous()
+    rows = sum(recv_splits) if recv_splits is not None else s.shape[0]
+    recv = torch.empty((rows,) + tuple(s.shape[1:]), dtype=s.dtype, device=s.device)
+    dist.all_to_all_single(recv, s, output_split_sizes=recv_splits, input_split_sizes=send_splits, group=group)
+    return recv.bool() if is_bool else recv
+
+
+def _seq_to_heads(x, group, P):
+    """[B, H, n, D] sequence shard -> [B, H/P, P*n, D] head shard (rank j gets head group j)."""
+    B, H, n, D = x.shape
+    send = x.reshape(B, P, H // P, n, D).transpose(0, 1)
+    recv = _a2a(send, group)  # recv[i]: rank i's tokens of my heads
+    return recv.permute(1, 2, 0, 3, 4).reshape(B, H // P, P * n, D)
+
+
+def _heads_to_seq(y, group, P):
+    """[B, h, P*n, D] head shard -> [B, P*h, n, D] sequence shard (the inverse of _seq_to_heads)."""
+    B, h, N, D = y.shape
+    send = y.reshape(B, h, P, N // P, D).permute(2, 0, 1, 3, 4)
+    recv = _a2a(send, group)  # recv[i]: my tokens of rank i's heads
+    return recv.transpose(0, 1).reshape(B, P * h, N // P, D)
+
+
+class _SeqToHeads(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group, P):
+        ctx.group, ctx.P = group, P
+        return _seq_to_heads(x, group, P)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _heads_to_seq(g, ctx.group, ctx.P), None, None
+
+
+class _HeadsToSeq(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y, group, P):
+        ctx.group, ctx.P = group, P
+        return _heads_to_seq(y, group, P)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _seq_to_heads(g, ctx.group, ctx.P), None, None
+
+
+def zigzag_chunks(rank: int, world: int) -> List[int]:
+    """The two of 2P equal chunks of the sequence that `rank` works on in the load-balanced causal ring."""
+    return [rank, 2 * world - 1 - rank]
+
+
+def _move_chunks(x, before: List[List[int]], after: List[List[int]], rank: int, group):
+    """Redistribute equal chunks along dim -2: rank i holds chunks before[i] (in that order), afterwards after[i]."""
+    owner_after = {c: i for i, cs in enumerate(after) for c in cs}
+    owner_before = {c: i for i, cs in enumerate(before) for c in cs}
+    mine = before[rank]
+    B, H, n, D = x.shape
+    c = n // len(mine)
+    pieces = x.reshape(B, H, len(mine), c, D).permute(2, 0, 1, 3, 4)  # [chunks, B, H, c, D]
+    order = sorted(range(len(mine)), key=lambda j: (owner_after[mine[j]], mine[j]))
+    send_splits = [sum(1 for j in order if owner_after[mine[j]] == d) for d in range(len(after))]
+    arriving = sorted(after[rank], key=lambda ch: (owner_before[ch], ch))
+    recv_splits = [sum(1 for ch in arriving if owner_before[ch] == s) for s in range(len(before))]
+    recv = _a2a(pieces[order], group, recv_splits, send_splits)
+    pos = {ch: i for i, ch in enumerate(arriving)}
+    recv = recv[[pos[ch] for ch in after[rank]]]
+    return recv.permute(1, 2, 0, 3, 4).reshape(B, H, n, D)
+
+
+class _MoveChunks(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, before, after, rank, group):
+        ctx.args = (before, after, rank, group)
+        return _move_chunks(x, before, after, rank, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        before, after, rank, group = ctx.args
+        return _move_chunks(g.contiguous(), after, before, rank, group), None, None, None, None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Ulysses
+
+
+def _agreed(fn, group, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    """(rank, P, q, k, v) once every rank has agreed on the inputs (under autocast: cast as torch's SDPA does)."""
+    err = _local_problems(q, k, v, attn_mask, is_causal, dropout_p)
+    if err is None:
+        q, k, v = autocast_inputs(q, k, v)
+    flags = [float(bool(is_causal)), -1.0 if scale is None else float(scale), float(bool(enable_gqa)),
+             float(dropout_p)]
+    if err is None and q.shape[1] != k.shape[1]:
+        if not enable_gqa:
+            err = (f"q has {q.shape[1]} heads but k/v have {k.shape[1]}: pass enable_gqa=True for grouped-query "
+                   f"attention (as torch's SDPA requires)")
+        elif q.shape[1] % k.shape[1]:
+            err = f"GQA needs q heads ({q.shape[1]}) divisible by k/v heads ({k.shape[1]})"
+    return (*_agree(fn, group, q, k, v, attn_mask, flags, err), q, k, v)
+
+
+def ulysses_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, *,
+                      group=None, **engine_kwargs):
+    """This rank's slice of full attention over a sequence sharded across `group` (see the module docstring):
+    all-to-all to head shards, the engine's scaled_dot_product_attention on full sequences, all-to-all back."""
+    fn = "ulysses_attention"
+    rank, P, q, k, v = _agreed(fn, group, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    B, H, n, _ = q.shape
+    Hkv = k.shape[1]
+    if H % P:
+        raise ValueError(f"{fn}: {H} query heads do not split over {P} ranks; Ulysses needs the head count "
+                         f"divisible by the number of ranks (use ring_attention, or a group of a size dividing {H})")
+    mask = _mask4(attn_mask, B, H, n, n * P, fn)
+    if P == 1:
+        return scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa, **engine_kwargs)
+    g = H // Hkv
+    if Hkv % P:  # fewest kv-head copies so that kv heads split with their query heads
+        rep = P // math.gcd(Hkv, P)
+        rep = rep if g % rep == 0 else g
+        k, v = _repeat_kv(k, rep), _repeat_kv(v, rep)
+    qh, kh, vh = (_SeqToHeads.apply(t, group, P) for t in (q, k, v))
+    mh = None
+    if mask is not None:
+        if mask.shape[1] > 1 and mask.shape[2] > 1:
+            mh = _seq_to_heads(mask, group, P)
+        else:
+            if mask.shape[2] > 1:  # rows without heads: every rank needs all rows
+                parts = [torch.empty_like(mask, dtype=torch.uint8 if mask.dtype == torch.bool else mask.dtype)
+                         for _ in range(P)]
+                dist.all_gather(parts, mask.to(parts[0].dtype), group=group)
+                mask = torch.cat(parts, dim=2).to(mask.dtype)
+            mh = mask[:, rank * H // P:(rank + 1) * H // P] if mask.shape[1] > 1 else mask
+    oh = scaled_dot_product_attention(qh, kh, vh, mh, dropout_p, is_causal, scale, kh.shape[1] != qh.shape[1],
+                                      **engine_kwargs)
+    return _HeadsToSeq.apply(oh, group, P)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# ring
+
+
+@dataclass
+class _Ring:
+    group: object
+    rank: int
+    world: int
+    seg: List[int]  # global chunk ids this rank holds, in local order (1 chunk: contiguous, 2: zigzag)
+    chunk: int  # tokens per chunk
+    causal: bool
+    scale: float
+    mask: Optional[torch.Tensor]  # [Bm, Hm, Rm, N] rows local, columns global
+    engine_kwargs: dict
+
+    def peer(self, r):
+        r %= self.world
+        return r if self.group is None else dist.get_global_rank(self.group, r)
+
+    def chunks_of(self, r):
+        return [r] if len(self.seg) == 1 else zigzag_chunks(r % self.world, self.world)
+
+    def pairs(self, owner):
+        """(q slice, k slice, causal diagonal?, mask) for each chunk pair of my queries x owner's keys that is
+        not entirely above the diagonal."""
+        c = self.chunk
+        for i, qc in enumerate(self.seg):
+            for j, kc in enumerate(self.chunks_of(owner)):
+                if self.causal and kc > qc:
+                    continue
+                m = None
+                if self.mask is not None:
+                    m = self.mask
+                    if m.shape[2] > 1:
+                        m = m[:, :, i * c:(i + 1) * c]
+                    if m.shape[3] > 1:
+                        m = m[..., kc * c:(kc + 1) * c]
+                yield slice(i * c, (i + 1) * c), slice(j * c, (j + 1) * c), self.causal and kc == qc, m
+
+
+def _exchange(ring: _Ring, tensors):
+    """Start sending `tensors` to rank+1 and receiving the same shapes from rank-1; returns (recv, works)."""
+    recv = [torch.empty_like(t) for t in tensors]
+    works = []
+    for t, r in zip(tensors, recv):
+        works.append(dist.isend(t.contiguous(), ring.peer(ring.rank + 1), group=ring.group))
+        works.append(dist.irecv(r, ring.peer(ring.rank - 1), group=ring.group))
+    return recv, works
+
+
+def _wait(works):
+    for w in works:
+        w.wait()
+
+
+class _RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, ring: _Ring):
+        acc = _acc_dtype(q.dtype)
+        B, H, n, _ = q.shape
+        out = torch.zeros(B, H, n, v.shape[-1], dtype=acc, device=q.device)
+        lse = torch.full((B, H, n), float("-inf"), dtype=acc, device=q.device)
+        kv = [k.contiguous(), v.contiguous()]
+        for step in range(ring.world):
+            owner = (ring.rank - step) % ring.world
+            nxt, works = _exchange(ring, kv) if step + 1 < ring.world else (None, [])
+            for qs, ks, diag, m in ring.pairs(owner):
+                o_b, l_b = block_forward(q[:, :, qs], kv[0][:, :, ks], kv[1][:, :, ks], m, diag, ring.scale,
+                                         ring.engine_kwargs)
+                merge_partial(out[:, :, qs], lse[:, :, qs], o_b, l_b)
+            _wait(works)
+            kv = nxt
+        out = out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.ring = ring
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        ring = ctx.ring
+        acc = _acc_dtype(q.dtype)
+        dout = dout.contiguous()
+        dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+        kv = [k.contiguous(), v.contiguous()]
+        dkv = [torch.zeros(k.shape, dtype=acc, device=q.device), torch.zeros(v.shape, dtype=acc, device=q.device)]
+        for step in range(ring.world):
+            owner = (ring.rank - step) % ring.world
+            nxt, works = _exchange(ring, kv) if step + 1 < ring.world else (None, [])
+            for qs, ks, diag, m in ring.pairs(owner):
+                gq, gk, gv = block_backward(dout[:, :, qs], q[:, :, qs], kv[0][:, :, ks], kv[1][:, :, ks],
+                                            out[:, :, qs], lse[:, :, qs], m, diag, ring.scale, ring.engine_kwargs)
+                dq[:, :, qs] += gq
+                dkv[0][:, :, ks] += gk
+                dkv[1][:, :, ks] += gv
+            # the accumulators follow their block: after the last step one more hop brings them home
+            dkv, dworks = _exchange(ring, dkv)
+            _wait(works + dworks)
+            kv = nxt
+        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None
+
+
+def ring_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, *,
+                   group=None, **engine_kwargs):
+    """This rank's slice of full attention over a sequence sharded across `group` (see the module docstring):
+    K/V blocks around the ring, partial results merged with their log-sum-exp; causal runs load-balanced."""
+    fn = "ring_attention"
+    rank, P, q, k, v = _agreed(fn, group, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if dropout_p > 0:
+        raise NotImplementedError(f"{fn}: dropout_p={dropout_p} is not supported by the ring (its blocks would "
+                                  f"need one dropout pattern across ranks); use ulysses_attention for dropout.")
+    B, H, n, E = q.shape
+    mask = _mask4(attn_mask, B, H, n, n * P, fn)
+    scale = 1.0 / math.sqrt(E) if scale is None else float(scale)
+    if P == 1:
+        return scaled_dot_product_attention(q, k, v, mask, 0.0, is_causal, scale, enable_gqa, **engine_kwargs)
+    zigzag = is_causal and n % 2 == 0
+    if zigzag:
+        before = [[2 * r, 2 * r + 1] for r in range(P)]
+        after = [zigzag_chunks(r, P) for r in range(P)]
+        q, k, v = (_MoveChunks.apply(t, before, after, rank, group) for t in (q, k, v))
+        ring = _Ring(group, rank, P, after[rank], n // 2, True, scale, None, engine_kwargs)
+    else:
+        ring = _Ring(group, rank, P, [rank], n, bool(is_causal), scale, mask, engine_kwargs)
+    out = _RingAttention.apply(q, k, v, ring)
+    if zigzag:
+        out = _MoveChunks.apply(out, after, before, rank, group)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# for frameworks that take a flash_attn_func-style callable (yunchang's UlyssesAttention, xDiT through yunchang)
+
+
+def flash_layout_attention(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                           softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, *args,
+                           **kwargs):
+    """flash_attn_func's calling convention ([B, L, H, D] tensors, GQA by head count) on this engine; returns out
+    [B, L, H, Dv]. Options the engine does not have (sliding window, softcap, ALiBi, attention probabilities)
+    raise NotImplementedError rather than being ignored."""
+    if tuple(window_size) != (-1, -1) or softcap or alibi_slopes is not None or return_attn_probs:
+        raise NotImplementedError(
+            f"flash_layout_attention: window_size={window_size}, softcap={softcap}, alibi_slopes="
+            f"{'set' if alibi_slopes is not None else None}, return_attn_probs={return_attn_probs} are not "
+            f"supported by the tiled engine; only dropout_p, softmax_scale and causal are")
+    out = scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, dropout_p,
+                                       causal, softmax_scale, q.shape[2] != k.shape[2])
+    return out.transpose(1, 2)

@@ -1,0 +1,48 @@
+"""The public entry point: torch's SDPA arguments and semantics in, the engine's custom op called, torch's layout out.
+
+Validates the engine's options, applies torch's autocast rule, normalises the call to the canonical layout
+(problem.py; CausalBias masks included) and calls tiled_attention::fwd (autograd.py), which plans tiles inside.
+"""
+from __future__ import annotations
+
+import torch
+
+from .autocast import autocast_inputs
+from .autograd import attention_fwd
+from .ops import check_options
+from .problem import normalize
+from .tiers import TIER_CHOICES
+
+__all__ = ["scaled_dot_product_attention", "TIER_CHOICES"]
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False, *, tier="auto", block_q=None, block_kv=None, memory_budget=None,
+                                 precision="auto", flush_to_zero=None, return_lse=False):
+    """torch.nn.functional.scaled_dot_product_attention, computed in tiles with O(N) memory.
+
+    Same arguments and result as torch's (math backend; attn_mask may be a tensor or a CausalBias), plus:
+      tier           "auto" (largest tier that fits free memory), "chunked", "inplace" or "online" (TIER_CHOICES)
+      block_q/_kv    force tile sizes (tests; "auto" sizes them from memory)
+      memory_budget  bytes the tiles may use (default: a share of the device's free memory)
+      precision      compute dtype for half inputs: "auto" (half on accelerators, fp32 on the CPU, bf16 -> fp16
+                     without bf16 hardware), "input" (the input dtype as it is), "fp16" (bf16 -> fp16 when the
+                     values fit), "fp32". "keep" is a deprecated alias of "input".
+      flush_to_zero  weights more than e^-20 below the row max become exactly 0 (default: on in half precision)
+      return_lse     also return L = log sum_j exp(s_ij) of the scaled, masked scores, [..., H, Lq], float32
+                     (float64 for float64 inputs), -inf on rows with no visible key; differentiable: (out, lse)
+    Works under torch.compile(fullgraph=True), torch.func transforms and double backward (see autograd.py).
+    """
+    memory_budget = check_options(tier, block_q, block_kv, memory_budget, precision, flush_to_zero)
+    if not isinstance(query, torch.Tensor):
+        raise TypeError(f"scaled_dot_product_attention: query must be a tensor, got {type(query).__name__}")
+    query, key, value = autocast_inputs(query, key, value)
+    p = normalize(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, draw_seed=False)
+    seed = torch.randint(0, 2 ** 62, (), dtype=torch.int64) if p.dropout_p > 0 else None
+    out5, lse, _ = attention_fwd(p.q5, p.k4, p.v4, p.mask5, seed, p.causal, p.causal_offset, p.scale, p.dropout_p,
+                                 tier, block_q, block_kv, memory_budget, precision, flush_to_zero)
+    out = out5.reshape(p.out_shape)
+    lse = lse.reshape(p.out_shape[:-1])
+    if p.squeeze_2d:
+        out, lse = out.squeeze(0), lse.squeeze(0)
+    return (out, lse) if return_lse else out
