@@ -34,5 +34,5 @@ def forward(src: TileSource, block_q: int, block_kv: int, need_stats: bool) -> T
         v = src.value(0, kend, num.compute)
         o = torch.matmul(probs.view(p.B, p.Hkv, p.G * (i1 - i0), kend).to(v.dtype), v)
         del probs
-        res.store(i0, i1, o, m, log_l)
+        res.store(i0, i1, src.unscale(o), m, log_l)
     return res
