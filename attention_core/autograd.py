@@ -1,14 +1,16 @@
-"""The differentiable boundary: the engine as torch custom ops with autograd, vmap and fake (meta) rules.
+"""The differentiable boundary: the engine as torch custom ops, tied together by one autograd.Function.
 
     tiled_attention::fwd (q5, k4, v4, mask5, seed, config...) -> (O5, L, row max)
     tiled_attention::bwd (dO5, dL, q5, k4, v4, mask5, O5, L, row max, seed, config...) -> (dq5, dk4, dv4, dmask5)
 
 Tensors are in problem.py's canonical layout; everything else is a schema type (bool, int, float, str, None), so
 torch.compile(fullgraph=True) traces through the call and tile planning (free memory, data-dependent bounds)
-happens inside the op. Autograd saves q, k, v, the mask, O and the fp32 L (and row max) only: O(N) memory.
-The ops have vmap rules (the vmapped dim folded into the batch dim); TiledAttention ties them together. A backward run with grad mode on (create_graph=True, torch.func
-transforms) takes a differentiable recompute instead (plain torch ops; it keeps the full score matrix for the
-graph, so it is O(Lq * Lk) memory); first-order backward never does.
+happens inside the op (fake rules give the shapes). Both ops have vmap rules (the vmapped dim folded into the
+batch dim). TiledAttention (setup_context, generate_vmap_rule) saves q, k, v, the mask, O and the fp32 L and
+row max only: O(N) memory; it works under torch.func (grad, vmap, jacrev; not forward-mode AD: jvp, hessian).
+A backward run with grad mode on (create_graph=True, torch.func.grad) takes a differentiable recompute instead
+(plain torch ops; it keeps the full score matrix for the graph, O(Lq * Lk) memory); first-order backward never
+does.
 """
 from __future__ import annotations
 
