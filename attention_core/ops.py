@@ -55,23 +55,26 @@ def _problem(q5, k4, v4, mask5, seed: int, causal: bool, causal_offset: int, sca
 
 def forward_canonical(q5, k4, v4, mask5, seed: int, causal: bool, causal_offset: int, scale: float,
                       dropout_p: float, tier="auto", block_q=None, block_kv=None, memory_budget=None, precision="auto",
-                      flush_to_zero=None):
-    """(O5 (B, Hkv, G, Lq, Ev) in the input dtype, L and the row max (B, Hkv, G, Lq) in the statistics dtype)."""
+                      flush_to_zero=None, need_stats: bool = True):
+    """(O5 (B, Hkv, G, Lq, Ev) in the input dtype, L and the row max (B, Hkv, G, Lq) in the statistics dtype);
+    need_stats=False skips L and the row max (both returned empty, shape (0,))."""
     p = _problem(q5, k4, v4, mask5, seed, causal, causal_offset, scale, dropout_p)
     st = stats_dtype(p.dtype)
     shape = (p.B, p.Hkv, p.G, p.Lq)
     with torch.no_grad(), no_autocast(p.device.type):
         if p.Lq == 0 or p.B == 0 or p.Hkv == 0 or p.G == 0 or p.Lk == 0:
             out = torch.zeros(*shape, p.Ev, dtype=p.dtype, device=p.device)
-            lse = torch.full(shape, float("-inf"), dtype=st, device=p.device)
+            lse = torch.full(shape if need_stats else (0,), float("-inf"), dtype=st, device=p.device)
             return out, lse, lse.clone()
         num = choose_numerics(p.dtype, p.device, precision, (q5, k4, v4), flush_to_zero)
         cfg = CallConfig(tier, block_q, block_kv, memory_budget)
         if p.dropout_p >= 1.0:  # everything dropped: O = 0; L is of the scores, as without dropout
-            res = run_forward(replace(p, dropout_p=0.0), num, cfg, need_stats=True)
+            res = run_forward(replace(p, dropout_p=0.0), num, cfg, need_stats=need_stats)
             res.out.zero_()
         else:
-            res = run_forward(p, num, cfg, need_stats=True)
+            res = run_forward(p, num, cfg, need_stats=need_stats)
+        if not need_stats:
+            return res.out, p.q5.new_empty((0,), dtype=st), p.q5.new_empty((0,), dtype=st)
         return res.out, res.lse, res.rowmax
 
 
