@@ -14,6 +14,7 @@ does.
 """
 from __future__ import annotations
 
+import re
 from typing import Optional, Tuple
 
 import torch
@@ -25,7 +26,17 @@ from .problem import AttentionProblem
 
 
 
-@torch.library.custom_op("tiled_attention::fwd", mutates_args=())
+def _namespace() -> str:
+    """Op namespace: "tiled_attention" for the `attention_core` package; a copy imported under another name (the
+    ComfyUI node folder imports it as <folder>.attention_core) gets its own, so two copies never collide."""
+    pkg = __name__.rsplit(".", 1)[0]
+    return "tiled_attention" if pkg == "attention_core" else "tiled_attention_" + re.sub(r"\W", "_", pkg)
+
+
+NS = _namespace()
+
+
+@torch.library.custom_op(f"{NS}::fwd", mutates_args=())
 def attention_fwd(q5: Tensor, k4: Tensor, v4: Tensor, mask5: Optional[Tensor], seed: Optional[Tensor],
                   causal: bool, causal_offset: int, scale: float, dropout_p: float, tier: str,
                   block_q: Optional[int], block_kv: Optional[int], memory_budget: Optional[int], precision: str,
@@ -44,7 +55,7 @@ def _attention_fwd_fake(q5, k4, v4, mask5, seed, causal, causal_offset, scale, d
     return (q5.new_empty((B, H, G, Lq, v4.shape[-1])), q5.new_empty(stats, dtype=st), q5.new_empty(stats, dtype=st))
 
 
-@torch.library.custom_op("tiled_attention::bwd", mutates_args=())
+@torch.library.custom_op(f"{NS}::bwd", mutates_args=())
 def attention_bwd(dout5: Tensor, dlse: Optional[Tensor], q5: Tensor, k4: Tensor, v4: Tensor, mask5: Optional[Tensor],
                   out5: Tensor, lse: Tensor, rowmax: Optional[Tensor], seed: Optional[Tensor], causal: bool,
                   causal_offset: int, scale: float, dropout_p: float, need_dmask: bool, tier: str,
@@ -73,7 +84,7 @@ class TiledAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(q5, k4, v4, mask5, seed, *config):
-        out5, lse, rowmax = torch.ops.tiled_attention.fwd(q5, k4, v4, mask5, seed, *config, True)
+        out5, lse, rowmax = attention_fwd(q5, k4, v4, mask5, seed, *config, True)
         return out5, lse, rowmax
 
     @staticmethod
@@ -93,7 +104,7 @@ class TiledAttention(torch.autograd.Function):
             dq, dk, dv, dm = differentiable_backward(dout5, dlse, q5, k4, v4, mask5, seed, causal, causal_offset,
                                                      scale, dropout_p, need_dmask)
         else:
-            dq, dk, dv, dm = torch.ops.tiled_attention.bwd(dout5, dlse, q5, k4, v4, mask5, out5, lse, rowmax, seed,
+            dq, dk, dv, dm = attention_bwd(dout5, dlse, q5, k4, v4, mask5, out5, lse, rowmax, seed,
                                                            causal, causal_offset, scale, dropout_p, need_dmask, *opts)
         return (dq, dk, dv, dm if need_dmask else None) + (None,) * (1 + len(ctx.config))
 
@@ -104,7 +115,7 @@ def tiled_attention(q5, k4, v4, mask5, seed, *config, need_lse: bool = True):
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q5, k4, v4, mask5)):
         out5, lse, _ = TiledAttention.apply(q5, k4, v4, mask5, seed, *config)
     else:  # nothing to differentiate: the op alone (torch.compile cannot trace a Function without grads)
-        out5, lse, _ = torch.ops.tiled_attention.fwd(q5, k4, v4, mask5, seed, *config, need_lse)
+        out5, lse, _ = attention_fwd(q5, k4, v4, mask5, seed, *config, need_lse)
     return out5, lse
 
 
@@ -199,7 +210,7 @@ def _fwd_vmap(info, in_dims, q5, k4, v4, mask5, seed, *config):
     B = _batched(q5, in_dims[0], n).shape[1]
     q, k, v = (_fold(_batched(t, d, n)) for t, d in zip((q5, k4, v4), in_dims[:3]))
     m = _fold_mask(mask5, in_dims[3], n, B, False)
-    out, lse, rowmax = torch.ops.tiled_attention.fwd(q, k, v, m, seed, *config)
+    out, lse, rowmax = attention_fwd(q, k, v, m, seed, *config)
     if not config[-1]:  # need_stats=False: L and the row max are empty
         return (out.view(n, B, *out.shape[1:]), lse, rowmax), (0, None, None)
     return tuple(t.view(n, B, *t.shape[1:]) for t in (out, lse, rowmax)), (0, 0, 0)
@@ -214,7 +225,7 @@ def _bwd_vmap(info, in_dims, dout5, dlse, q5, k4, v4, mask5, out5, lse, rowmax, 
     args = [_fold(_batched(t, d, n)) for t, d in zip((dout5, dlse, q5, k4, v4), in_dims[:5])]
     m = _fold_mask(mask5, in_dims[5], n, B, need_dmask)
     rest = [_fold(_batched(t, d, n)) for t, d in zip((out5, lse, rowmax), in_dims[6:9])]
-    dq, dk, dv, dm = torch.ops.tiled_attention.bwd(*args, m, *rest, seed, causal, causal_offset, scale, dropout_p,
+    dq, dk, dv, dm = attention_bwd(*args, m, *rest, seed, causal, causal_offset, scale, dropout_p,
                                                    need_dmask, *opts)
     res = [t.view(n, B, *t.shape[1:]) for t in (dq, dk, dv)]
     if need_dmask:
@@ -225,5 +236,5 @@ def _bwd_vmap(info, in_dims, dout5, dlse, q5, k4, v4, mask5, out5, lse, rowmax, 
     return (*res, dm), (0, 0, 0, None)
 
 
-torch.library.register_vmap("tiled_attention::fwd", _fwd_vmap)
-torch.library.register_vmap("tiled_attention::bwd", _bwd_vmap)
+attention_fwd.register_vmap(_fwd_vmap)
+attention_bwd.register_vmap(_bwd_vmap)

@@ -89,3 +89,29 @@ def test_precision_words_have_one_meaning():
         assert "input" in str(e) and "precision" in str(e)
     else:
         raise AssertionError("an unknown precision was accepted")
+
+
+def test_a_copy_imported_under_another_name_has_its_own_ops():
+    """ComfyUI imports the node folder under its folder name; with `attention_core` also importable (pip, or a
+    second copy), both must load and work: each copy registers its own op namespace."""
+    import subprocess
+    import sys
+    code = f"""
+import importlib.util, sys, types, torch
+import attention_core
+sys.modules["copy_pack"] = types.ModuleType("copy_pack")
+sys.modules["copy_pack"].__path__ = []
+spec = importlib.util.spec_from_file_location("copy_pack.attention_core", {str(PKG / "__init__.py")!r},
+                                              submodule_search_locations=[{str(PKG)!r}])
+mod = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = mod
+spec.loader.exec_module(mod)
+q = torch.randn(1, 2, 5, 4, requires_grad=True)
+for m in (attention_core, mod):
+    m.scaled_dot_product_attention(q, q, q).sum().backward()
+assert attention_core.autograd.NS != mod.autograd.NS
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(PKG.parent),
+                       timeout=300)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
