@@ -66,6 +66,26 @@ MODELS: Dict[str, ModelSpec] = {
 COMFY_SUBQUAD_CHUNKS = (4096, 2048, 1024, 512, 256)
 TIERS = ("chunked", "inplace", "online")
 
+# benchmark / tuning shapes: name -> (model key in MODELS or None, width, height, frames, [N...], heads, head dim)
+PRESETS = {
+    "wan22-5b-480p": ("wan22-5b", 832, 480, 41, None, 24, 128),
+    "wan22-5b-4096": (None, 0, 0, 0, [4096], 24, 128),
+    "wan22-5b-720p": ("wan22-5b", 1280, 720, 121, None, 24, 128),
+    "wan-14b-480p": ("wan-14b", 832, 480, 81, None, 40, 128),
+    "ltx23-22b-720p": ("ltx23-22b", 1280, 704, 129, None, 32, 128),
+    "reference": (None, 0, 0, 0, [1024, 2048, 4096], 16, 64),
+}
+
+
+def preset_shapes(name):
+    """[(N, heads, head dim)] of a preset; N from the model's latent rules where it names a model."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
+    model, w, h, f, ns, heads, dim = PRESETS[name]
+    if model is not None:
+        ns = [tokens(MODELS[model], w, h, f)]
+    return [(n, heads, dim) for n in ns]
+
 
 def latent_shape(model: ModelSpec, width: int, height: int, frames: int) -> tuple:
     """(latent frames, rows, columns) of the empty video latent ComfyUI's node makes for this size."""
