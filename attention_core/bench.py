@@ -373,13 +373,13 @@ def build_plan(a):
     shapes = []
     if a.preset:
         for name in a.preset.split(","):
-            shapes += [(name.strip(), n, h, d) for n, h, d in preset_shapes(name.strip())]
+            shapes += [(name.strip(), n, a.heads or h, d) for n, h, d in preset_shapes(name.strip())]
         plan = [("fwd" if a.mode != "fwdbwd" else "fwdbwd", n, h, d, dt, name) for name, n, h, d in shapes
                 for dt in dtypes]
         return plan
     plan = []
     if a.mode in ("fwd", "both"):
-        plan += [("fwd", int(n), a.heads, a.dim, dt, "") for dt in dtypes for n in a.n.split(",")]
+        plan += [("fwd", int(n), a.heads or 16, a.dim, dt, "") for dt in dtypes for n in a.n.split(",")]
     if a.mode in ("fwdbwd", "both"):
         plan += [("fwdbwd", int(n), a.bwd_heads, a.dim, dt, "") for dt in dtypes for n in a.bwd_n.split(",")]
     return plan
@@ -399,7 +399,9 @@ def main(argv=None):
     ap.add_argument("--case", help=argparse.SUPPRESS)
     ap.add_argument("--preset", help="comma-separated presets (real model shapes; see the module docstring)")
     ap.add_argument("--n", default="1024,2048,4096", help="forward sequence lengths (comma separated)")
-    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--heads", type=int, default=None,
+                    help="heads (default 16); with --preset it replaces the preset's heads (a quicker run of the "
+                         "same per-head shape; the table shows the heads used)")
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--bwd-n", default="1024,2048", help="forward+backward sequence lengths")

@@ -235,6 +235,7 @@ def tune_shape(heads, n, dim, dtype, device, tier, rows, repeats, log=print):
             scaled_dot_product_attention(q, k, v, tier=tier)
             sync()
         base = _time(untuned, repeats)
+        log(f"    engine's own plan:                  {1000 * base:8.1f} ms")
         best, best_t = None, float("inf")
         for c in candidates(tier, heads, n, rows):
             def f(c=c):
@@ -245,6 +246,7 @@ def tune_shape(heads, n, dim, dtype, device, tier, rows, repeats, log=print):
             except Exception as e:  # noqa: BLE001 - an out-of-memory candidate just loses
                 log(f"    {c}: {e.__class__.__name__}")
                 continue
+            log(f"    block_q {c[0]:>4} x keys {c[1]:>5} x {c[2]:>2} heads: {1000 * t:8.1f} ms")
             if t < best_t:
                 best, best_t = c, t
     log(f"  {tier:<8} {heads}x{dim} N={n} {dtype}: untuned {1000 * base:.0f} ms, best {best} "

@@ -77,6 +77,7 @@ def parse_args(argv=None):
                          "fused kernel that auto would leave in place)")
     ap.add_argument("--chart", default=None, help="PNG chart path (default: <workdir>/demo.png)")
     ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument("--report-only", action="store_true", help="re-print the table and chart of <workdir>/runs.json")
     a = ap.parse_args(argv)
     if a.size and not re.fullmatch(r"\d+x\d+x\d+", a.size):
         ap.error(f"--size must look like 832x480x41, got {a.size!r}")
@@ -147,6 +148,25 @@ def run(server, prompt, label, peak):
                          f"server log: {server.log_path}")
     secs = time.time() - start
     return secs, step_seconds(server.log()[log_start:]), peak.peak, peak.peak - peak.start, entry
+
+
+def start_all(servers, timeout=1200):
+    """Start the servers side by side (each takes minutes on a busy CPU); raise the first failure."""
+    import threading
+    errors = []
+
+    def one(s):
+        try:
+            s.start(timeout=timeout)
+        except Exception as e:  # noqa: BLE001 - re-raised below
+            errors.append(e)
+    threads = [threading.Thread(target=one, args=(s,)) for s in servers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
 
 
 def frames_of(paths):
@@ -232,8 +252,79 @@ def chart(results, path, title, what):
     plt.close(fig)
 
 
+def save_runs(path, meta, runs):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"meta": meta, "runs": runs}, f, indent=1)
+    os.replace(tmp, path)
+
+
+def report(meta, runs, a):
+    """Medians per configuration, frame differences from the sub-quadratic run of the same round, the table,
+    the chart and the one-line summary (also from a saved runs.json: --report-only)."""
+    base_label = meta["labels"][0]
+    frames = {}
+
+    def frames_for(label, rep):
+        key = (label, rep)
+        if key not in frames:
+            r = next((x for x in runs if x["label"] == label and x["rep"] == rep), None)
+            frames[key] = frames_of(r["pngs"]) if r and r["pngs"] else None
+        return frames[key]
+    results = []
+    for label in meta["labels"]:
+        rs = [r for r in runs if r["label"] == label]
+        if not rs:
+            continue
+        diffs = []
+        for r in rs:
+            ref, got = frames_for(base_label, r["rep"]), frames_for(label, r["rep"])
+            if ref is not None and got is not None and ref.shape == got.shape:
+                diffs.append(float(abs(ref - got).max()))
+        steps = [r["step"] for r in rs if r["step"] is not None]
+        results.append(dict(label=label, peak_gb=statistics.median(r["peak"] for r in rs) / 2**30,
+                            growth_gb=statistics.median(r["growth"] for r in rs) / 2**30,
+                            step_s=statistics.median(steps) if steps else None,
+                            wall_s=statistics.median(r["secs"] for r in rs),
+                            max_diff=max(diffs) if diffs else None, n=len(rs)))
+    what = "VRAM in use" if meta["gpu"] else "RSS of the server"
+    print(f"{'configuration':<34}{'peak ' + what:>24}{'growth':>10}{'s/step':>9}{'wall':>8}{'runs':>5}  "
+          "max |frames - sub-quad|")
+    for r in results:
+        step = f"{r['step_s']:.1f}" if r["step_s"] is not None else "-"
+        diff = f"{r['max_diff']:.2e}" if r["max_diff"] is not None else "-"
+        print(f"{r['label']:<34}{r['peak_gb']:>21.2f} GB{r['growth_gb']:>7.2f} GB{step:>9}{r['wall_s']:>7.0f}s"
+              f"{r['n']:>5}  {diff}")
+    by = {r["label"]: r for r in results}
+    sq, mth, ours = by.get(meta["labels"][0]), by.get(meta["labels"][1]), by.get(meta["labels"][-1])
+    if not (sq and mth and ours):
+        print("(not every configuration ran: no summary)")
+        return results
+
+    def sps(r):
+        return f"{r['step_s']:.0f}" if r["step_s"] is not None else "?"
+    model = "Wan 2.2 5B" if meta["real"] else f"Wan 2.2 5B width ({meta['blocks']} blocks)"
+    summary = (f"{model}, {meta['tokens']:,} tokens: Patch Attention + FFN Chunking peaks at "
+               f"{ours['peak_gb']:.1f} GB vs {sq['peak_gb']:.1f} GB (sub-quad) and {mth['peak_gb']:.1f} GB "
+               f"(math), {sps(ours)} s/step vs {sps(sq)} / {sps(mth)}; frames differ by at most "
+               f"{max(r['max_diff'] or 0 for r in results):.1e}")
+    chart_path = a.chart or os.path.join(a.workdir, "demo.png")
+    chart(results, chart_path, summary, what)
+    print(f"\nshown: {summary} (medians of {meta['repeats']} alternating runs)")
+    print(f"chart: {chart_path}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({**meta, "results": results}, f, indent=1)
+    return results
+
+
 def main(argv=None):
     a = parse_args(argv)
+    if a.report_only:
+        with open(os.path.join(a.workdir, "runs.json")) as f:
+            saved = json.load(f)
+        report(saved["meta"], saved["runs"], a)
+        return 0
     if comfy_path(LATEST) is None:
         raise SystemExit("[demo] no ComfyUI: run it as ./dev demo (it fetches the pinned stock ComfyUI) or set "
                          "COMFYUI_LATEST_PATH")
@@ -269,12 +360,13 @@ def main(argv=None):
                ("math SDPA", "math", False, False),
                (f"Patch Attention ({mode})", "subquad", True, False),
                (f"Patch Attention + FFN Chunking", "subquad", True, True)]
-    raw = {c[0]: [] for c in configs}
-    frames_by = {}
+    runs_path = os.path.join(a.workdir, "runs.json")
+    meta = dict(tokens=n_tokens, size=[width, height, frames], preset=a.preset, blocks=a.blocks, steps=a.steps,
+                repeats=a.repeats, mode=mode, gpu=gpu, labels=[c[0] for c in configs], real=bool(a.models))
+    runs = []
     try:
-        for name, s in servers.items():
-            say(f"starting ComfyUI ({name}) from {comfy_path(LATEST)} (log: {s.log_path})")
-            s.start()
+        say(f"starting two ComfyUI servers from {comfy_path(LATEST)} (logs: {a.workdir}/*/server.log)")
+        start_all(servers.values())
         with open(WORKFLOW) as f:
             prompt = workflow_api().workflow_to_prompt(json.load(f), servers["subquad"].get("/object_info"))
         peaks = {name: Peak(s, gpu) for name, s in servers.items()}
@@ -291,57 +383,24 @@ def main(argv=None):
                 say(f"round {rep + 1}/{a.repeats}: {label}")
                 secs, step, peak, growth, entry = run(servers[srv], p, label, peaks[srv])
                 pngs = [x for x in output_files(servers[srv].base, entry, (".png",))]
-                frames_by[(label, rep)] = frames_of(pngs) if pngs else None
-                raw[label].append(dict(secs=secs, step=step, peak=peak, growth=growth))
+                runs.append(dict(label=label, rep=rep, secs=secs, step=step, peak=peak, growth=growth,
+                                 pngs=sorted(pngs)))
+                save_runs(runs_path, meta, runs)
                 say(f"  {secs:.0f} s, {step if step is not None else float('nan'):.1f} s/step, peak "
                     f"{peak / 2**30:.2f} GB ({growth / 2**30:+.2f} GB)")
-        attn_lines = {name: next((ln.strip() for ln in s.log().splitlines() if ln.startswith("Using ")
-                                  and "attention" in ln), "") for name, s in servers.items()}
+        attn_lines = {name: next((re.sub(r"\x1b\[[0-9;]*m", "", ln).strip() for ln in s.log().splitlines()
+                                  if "Using " in ln and "attention" in ln), "") for name, s in servers.items()}
         patched_ran = "tiled attention" in servers["subquad"].log().lower()
     finally:
         for s in servers.values():
             s.stop()
-    base_label = configs[0][0]
-    results = []
-    for label, _, _, _ in configs:
-        diffs = []
-        for rep in range(a.repeats):
-            ref, got = frames_by.get((base_label, rep)), frames_by.get((label, rep))
-            if ref is not None and got is not None and ref.shape == got.shape:
-                diffs.append(float(abs(ref - got).max()))
-        rs = raw[label]
-        steps = [r["step"] for r in rs if r["step"] is not None]
-        results.append(dict(label=label, peak_gb=statistics.median(r["peak"] for r in rs) / 2**30,
-                            growth_gb=statistics.median(r["growth"] for r in rs) / 2**30,
-                            step_s=statistics.median(steps) if steps else None,
-                            wall_s=statistics.median(r["secs"] for r in rs),
-                            max_diff=max(diffs) if diffs else None, runs=rs))
-    what = "VRAM in use" if gpu else "RSS of the server"
     print()
-    print(f"{'configuration':<34}{'peak ' + what:>24}{'growth':>10}{'s/step':>9}{'wall':>8}  max |frames - sub-quad|")
-    for r in results:
-        step = f"{r['step_s']:.1f}" if r["step_s"] is not None else "-"
-        diff = f"{r['max_diff']:.2e}" if r["max_diff"] is not None else "-"
-        print(f"{r['label']:<34}{r['peak_gb']:>21.2f} GB{r['growth_gb']:>7.2f} GB{step:>9}{r['wall_s']:>7.0f}s  {diff}")
     for name, line in attn_lines.items():
         if line:
             print(f"ComfyUI ({name} server): {line}")
     if not patched_ran:
         print("warning: no '[tiled-attention]' line in the server log: Patch Attention may not have run")
-    sq, ours = results[0], results[-1]
-    summary = (f"Wan 2.2 5B width, {n_tokens:,} tokens: Patch Attention + FFN Chunking peaks at "
-               f"{ours['peak_gb']:.1f} GB vs {sq['peak_gb']:.1f} GB (sub-quad) and {results[1]['peak_gb']:.1f} GB "
-               f"(math), {ours['step_s'] or float('nan'):.0f} s/step vs {sq['step_s'] or float('nan'):.0f} / "
-               f"{results[1]['step_s'] or float('nan'):.0f} s; frames differ by at most "
-               f"{max(r['max_diff'] or 0 for r in results):.1e} (medians of {a.repeats})")
-    chart_path = a.chart or os.path.join(a.workdir, "demo.png")
-    chart(results, chart_path, summary, what)
-    print(f"\nshown: {summary}")
-    print(f"chart: {chart_path}")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"tokens": n_tokens, "preset": a.preset, "blocks": a.blocks, "steps": a.steps,
-                       "repeats": a.repeats, "mode": mode, "results": results}, f, indent=1)
+    report(meta, runs, a)
     return 0
 
 
