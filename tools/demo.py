@@ -21,6 +21,7 @@ import re
 import shutil
 import statistics
 import sys
+import textwrap
 import time
 
 from .comfy_server import ComfyServer
@@ -251,7 +252,8 @@ def chart(results, path, title, what):
     panels = ((axes[0], [r["peak_gb"] for r in results], f"peak {what} (GB)", "{:.2f} GB"),
               (axes[1], [r["step_s"] or 0 for r in results], "time per sampling step (s)", "{:.1f} s"),
               (axes[2], [r["max_diff"] if r["max_diff"] is not None else 0 for r in results],
-               "max |frame difference| vs sub-quadratic (0-1 scale)", "{:.4f}"))
+               "max |decoded frame difference| vs sub-quadratic\n(8-bit frames scaled to 0-1: 1/255 = 0.0039)",
+               "{:.4f}"))
     for ax, vals, name, fmt in panels:
         bars = ax.barh(labels, vals, color=colors)
         ax.invert_yaxis()
@@ -259,10 +261,10 @@ def chart(results, path, title, what):
         ax.tick_params(labelsize=9)
         for b, v in zip(bars, vals):
             ax.text(b.get_width(), b.get_y() + b.get_height() / 2, " " + fmt.format(v), va="center", fontsize=9)
-        ax.set_xlim(0, (max(vals) or 1) * 1.35)
+        ax.set_xlim(0, (max(vals) or (1 / 255 if ax is axes[2] else 1)) * 1.35)
     for ax in axes[1:]:
         ax.set_yticklabels([])
-    fig.suptitle(title, fontsize=11)
+    fig.suptitle(textwrap.fill(title, 130), fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
