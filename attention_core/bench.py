@@ -367,6 +367,21 @@ def _plot(rows, path):
     return True
 
 
+def merge_rounds(rs):
+    """One row from the rounds of a method: median time and memory, largest error, each round's time kept."""
+    ok = [r for r in rs if "ms" in r]
+    if not ok:
+        return rs[0]
+    row = dict(ok[0])
+    if len(rs) > 1:
+        row.update(ms=statistics.median(r["ms"] for r in ok), peak_mb=statistics.median(r["peak_mb"] for r in ok),
+                   round_ms=[r["ms"] for r in ok], round_load=[r["load"] for r in ok])
+        for key in ("err", "grad_err"):
+            if any(r.get(key) is not None for r in ok):
+                row[key] = max(r[key] for r in ok if r.get(key) is not None)
+    return row
+
+
 def build_plan(a):
     """[(mode, N, heads, head dim, dtype)] from --preset or the explicit --n/--heads/--dim options."""
     dtypes = [d.strip() for d in a.dtype.split(",")]
@@ -412,6 +427,9 @@ def main(argv=None):
                     help="default: both, or fwd with --preset")
     ap.add_argument("--methods", default=None, help=f"comma separated, default all: {','.join(METHODS)}")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per case after the first (median)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every method once per round, rounds alternating the method order, and report the "
+                         "median over rounds (for busy machines: load drift hits every method alike)")
     ap.add_argument("--quick", action="store_true",
                     help=f"one timed run, methods {','.join(QUICK_METHODS)} unless --methods, no float64 "
                          "reference above N=8192 (error column '-')")
@@ -468,22 +486,25 @@ def main(argv=None):
             else:
                 case["ref"] = os.path.join(tmp, f"ref-{mode}-{n}-{heads}-{dim}-{dtype}.pt")
                 kind = make_reference(case, case["ref"])
-            for m in methods:
-                free = free_memory(torch.device(device)) or 0
-                need = method_bytes(m, case, free)
-                if need is not None and need > 0.9 * free:
-                    r = {**{k: case[k] for k in ("n", "mode", "heads", "dim", "dtype")}, "method": m,
-                         "skipped": f"needs ~{need / GIB:.1f} GB, {free / GIB:.1f} GB available: not run"}
-                else:
-                    r = _run_in_subprocess(dict(case, method=m), a.timeout)  # a fresh process per case
-                r.update(ref=kind, heads=heads, dim=dim, dtype=dtype, preset=preset, load=_load())
-                rows.append(r)
-                err = r.get("grad_err", r.get("err"))
-                shown = (f"{r['ms']:.0f} ms, {r['peak_mb']:.0f} MB, err "
-                         f"{'-' if err is None else format(err, '.1e')}"
-                         if "ms" in r else (r.get("skipped") or r.get("error")))
-                print(f"  {mode:<6} N={n:<6} {heads}x{dim} {dtype:<8} {m:<14} {shown}   (load {r['load']})",
-                      flush=True)
+            by_method = {m: [] for m in methods}
+            for rnd in range(a.rounds):
+                for m in (methods if rnd % 2 == 0 else methods[::-1]):  # alternate the order round to round
+                    free = free_memory(torch.device(device)) or 0
+                    need = method_bytes(m, case, free)
+                    if need is not None and need > 0.9 * free:
+                        r = {**{k: case[k] for k in ("n", "mode", "heads", "dim", "dtype")}, "method": m,
+                             "skipped": f"needs ~{need / GIB:.1f} GB, {free / GIB:.1f} GB available: not run"}
+                    else:
+                        r = _run_in_subprocess(dict(case, method=m), a.timeout)  # a fresh process per case
+                    r.update(ref=kind, heads=heads, dim=dim, dtype=dtype, preset=preset, load=_load())
+                    by_method[m].append(r)
+                    err = r.get("grad_err", r.get("err"))
+                    shown = (f"{r['ms']:.0f} ms, {r['peak_mb']:.0f} MB, err "
+                             f"{'-' if err is None else format(err, '.1e')}"
+                             if "ms" in r else (r.get("skipped") or r.get("error")))
+                    print(f"  {mode:<6} N={n:<6} {heads}x{dim} {dtype:<8} {m:<14} {shown}   (load {r['load']}"
+                          f"{f', round {rnd + 1}' if a.rounds > 1 else ''})", flush=True)
+            rows += [merge_rounds(rs) for rs in by_method.values()]
     info["load_end"] = _load()
     for mode in ("fwd", "fwdbwd"):
         t = _table(rows, mode)
