@@ -118,10 +118,11 @@ def _nearest(entries, heads: int, n: int) -> Optional[dict]:
 
 
 def tuned_blocks(device, dtype, heads: int, Lq: int, Lk: int, D: int, tier: str, budget: int,
-                 groups: int = 1) -> Optional[Tuple[int, int, int]]:
+                 groups: int = 1, per_score: Optional[int] = None) -> Optional[Tuple[int, int, int]]:
     """(block_q, block_kv, heads_per_group) from this device's profile for a call of `heads` kv heads (each with
     `groups` = batch x GQA group rows per query row) of Lq queries, Lk keys, head dim D; None when there is no
-    profile entry, TILED_ATTENTION_TUNE=off, or the tile would not fit `budget` bytes.
+    profile entry, TILED_ATTENTION_TUNE=off, or the tile would not fit `budget` bytes at `per_score` bytes a
+    score (the planner's memory.bytes_per_score; default: this tier's cost without mask or dropout).
 
     The tuned tile keeps its number of scores: rows = tuned rows x tuned keys / Lk (chunked and inplace use
     full key rows), at least 16."""
@@ -142,7 +143,7 @@ def tuned_blocks(device, dtype, heads: int, Lq: int, Lk: int, D: int, tier: str,
     else:
         bkv = Lk
         bq = min(Lq, max(MIN_ROWS, e["block_q"] * e["n"] // max(1, Lk)))
-    if bytes_per_score(tier, dtype) * groups * bq * bkv * hpg > budget:
+    if (per_score or bytes_per_score(tier, dtype)) * groups * bq * bkv * hpg > budget:
         return None
     return bq, bkv, hpg
 
