@@ -10,7 +10,7 @@ device name, arch and torch version, in ComfyUI's user directory (<user>/tiled-a
 ComfyUI, else $TILED_ATTENTION_PROFILE_DIR, else ~/.cache/tiled-attention/.
 
 The planner asks `tuned_blocks(...)`: the profile's tile for the nearest tuned shape (same tier, dtype and head
-dim), rows rescaled so the tile keeps its tuned number of scores at another key count, or None when there is no
+dim, key count within 2x of the tuned one), rows rescaled so the tile keeps its tuned number of scores at another key count, or None when there is no
 profile, TILED_ATTENTION_TUNE=off, or the tile would exceed the memory budget.
 """
 from __future__ import annotations
@@ -111,17 +111,22 @@ def bytes_per_score(tier: str, dtype) -> int:
     return _BPS.get(tier, 3) * elem
 
 
+NEAR = 2.0  # a tuned tile serves key counts within this factor of the tuned one; others keep the engine's plan
+
+
 def _nearest(entries, heads: int, n: int) -> Optional[dict]:
+    entries = [e for e in entries if abs(math.log(e["n"] / max(1, n))) <= math.log(NEAR) + 1e-9]
     if not entries:
         return None
     return min(entries, key=lambda e: abs(math.log(e["n"] / n)) + abs(math.log(e["heads"] / heads)))
 
 
 def tuned_blocks(device, dtype, heads: int, Lq: int, Lk: int, D: int, tier: str, budget: int,
-                 groups: int = 1) -> Optional[Tuple[int, int, int]]:
+                 groups: int = 1, per_score: Optional[int] = None) -> Optional[Tuple[int, int, int]]:
     """(block_q, block_kv, heads_per_group) from this device's profile for a call of `heads` kv heads (each with
     `groups` = batch x GQA group rows per query row) of Lq queries, Lk keys, head dim D; None when there is no
-    profile entry, TILED_ATTENTION_TUNE=off, or the tile would not fit `budget` bytes.
+    profile entry, TILED_ATTENTION_TUNE=off, or the tile would not fit `budget` bytes at `per_score` bytes a
+    score (the planner's memory.bytes_per_score; default: this tier's cost without mask or dropout).
 
     The tuned tile keeps its number of scores: rows = tuned rows x tuned keys / Lk (chunked and inplace use
     full key rows), at least 16."""
@@ -142,7 +147,7 @@ def tuned_blocks(device, dtype, heads: int, Lq: int, Lk: int, D: int, tier: str,
     else:
         bkv = Lk
         bq = min(Lq, max(MIN_ROWS, e["block_q"] * e["n"] // max(1, Lk)))
-    if bytes_per_score(tier, dtype) * groups * bq * bkv * hpg > budget:
+    if (per_score or bytes_per_score(tier, dtype)) * groups * bq * bkv * hpg > budget:
         return None
     return bq, bkv, hpg
 

@@ -73,6 +73,8 @@ def test_tuned_blocks_from_the_profile(profdir, monkeypatch):
     # a shape where the engine's own plan won, another head dim, the switch off: no tuned tile
     assert tune.tuned_blocks("cpu", torch.bfloat16, 24, 4096, 4096, 128, "chunked", 1 << 30) is None
     assert tune.tuned_blocks("cpu", torch.float32, 24, 4096, 4096, 64, "chunked", 1 << 30) is None
+    # a key count more than 2x from every tuned one: the engine's own plan
+    assert tune.tuned_blocks("cpu", torch.float32, 24, 1024, 1024, 128, "chunked", 1 << 30) is None
     monkeypatch.setenv(tune.ENV_SWITCH, "off")
     assert tune.tuned_blocks("cpu", torch.float32, 24, 4096, 4096, 128, "chunked", 1 << 30) is None
 
@@ -104,3 +106,34 @@ def test_a_real_tuning_pass_saves_a_profile_the_planner_reads(profdir):
         assert json.load(f)["entries"][0]["block_q"] == e["block_q"]
     got = tune.tuned_blocks("cpu", torch.float32, 4, 256, 256, 32, "chunked", 1 << 30)
     assert got == (None if not e["use"] else (e["block_q"], 256, e["heads_per_group"]))
+
+
+def test_auto_runs_the_profiles_tile_within_the_budget(profdir, monkeypatch):
+    """The planner's hook: tier auto takes the profile's tile (here 32 rows, 2 of 4 heads a group), forced
+    blocks or TILED_ATTENTION_TUNE=off or a budget the tile exceeds leave the engine's own plan."""
+    from attention_core import driver, scaled_dot_product_attention
+    write([entry(heads=4, dim=32, n=256, block_q=32, block_kv=256, heads_per_group=2)])
+    seen = []
+    real = driver.TIERS["chunked"]
+
+    def spy(src, block_q, block_kv, need_stats):
+        seen.append((src.p.Hkv, block_q, block_kv))
+        return real(src, block_q, block_kv, need_stats)
+    monkeypatch.setitem(driver.TIERS, "chunked", spy)
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 4, 256, 32, generator=g) for _ in range(3))
+    ref = math_sdpa(q.double(), k.double(), v.double())
+
+    out = scaled_dot_product_attention(q, k, v, memory_budget=1 << 30)
+    assert seen == [(2, 32, 256), (2, 32, 256)]
+    assert (out.double() - ref).abs().max() < 1e-5
+    seen.clear()
+    scaled_dot_product_attention(q, k, v, memory_budget=1 << 30, block_q=64)
+    assert seen == [(4, 64, 256)]
+    seen.clear()
+    scaled_dot_product_attention(q, k, v, memory_budget=8 * 32 * 256 * 2 - 1)  # one byte short of the tile
+    assert seen and all(s != (2, 32, 256) for s in seen)
+    seen.clear()
+    monkeypatch.setenv(tune.ENV_SWITCH, "off")
+    scaled_dot_product_attention(q, k, v, memory_budget=1 << 30)
+    assert seen and all(s != (2, 32, 256) for s in seen)
