@@ -15,7 +15,6 @@ backward with the same seed reproduces them.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from typing import Optional
 
@@ -23,6 +22,7 @@ import torch
 
 from .autocast import autocast_inputs, no_autocast
 from .driver import CallConfig, run_backward, run_forward
+from .memory import tile_budget
 from .numerics import choose_numerics, stats_dtype
 from .problem import AttentionProblem, normalize
 
@@ -43,13 +43,7 @@ def check_options(tier="auto", block_q=None, block_kv=None, memory_budget=None, 
             raise ValueError(f"{name} must be a positive int, got {b!r}")
     if flush_to_zero is not None and not isinstance(flush_to_zero, bool):
         raise ValueError(f"flush_to_zero must be None, True or False, got {flush_to_zero!r}")
-    if memory_budget is not None:
-        ok = isinstance(memory_budget, (int, float)) and not isinstance(memory_budget, bool)
-        if not ok or not math.isfinite(memory_budget) or memory_budget <= 0:
-            raise ValueError(f"memory_budget must be a positive, finite number of bytes (or None for a share of "
-                             f"the free memory), got {memory_budget!r}")
-        memory_budget = int(memory_budget)
-    return memory_budget
+    return None if memory_budget is None else tile_budget(torch.device("cpu"), memory_budget)
 
 
 def _problem(q5, k4, v4, mask5, seed: int, causal: bool, causal_offset: int, scale: float,
