@@ -10,7 +10,7 @@ device name, arch and torch version, in ComfyUI's user directory (<user>/tiled-a
 ComfyUI, else $TILED_ATTENTION_PROFILE_DIR, else ~/.cache/tiled-attention/.
 
 The planner asks `tuned_blocks(...)`: the profile's tile for the nearest tuned shape (same tier, dtype and head
-dim, key count within 2x of the tuned one), rows rescaled so the tile keeps its tuned number of scores at another key count, or None when there is no
+dim, key and head counts within 2x of the tuned ones), rows rescaled so the tile keeps its tuned number of scores at another key count, or None when there is no
 profile, TILED_ATTENTION_TUNE=off, or the tile would exceed the memory budget.
 """
 from __future__ import annotations
@@ -111,11 +111,12 @@ def bytes_per_score(tier: str, dtype) -> int:
     return _BPS.get(tier, 3) * elem
 
 
-NEAR = 2.0  # a tuned tile serves key counts within this factor of the tuned one; others keep the engine's plan
+NEAR = 2.0  # a tuned tile serves key and head counts within this factor of the tuned ones; others: engine's plan
 
 
 def _nearest(entries, heads: int, n: int) -> Optional[dict]:
-    entries = [e for e in entries if abs(math.log(e["n"] / max(1, n))) <= math.log(NEAR) + 1e-9]
+    entries = [e for e in entries if abs(math.log(e["n"] / max(1, n))) <= math.log(NEAR) + 1e-9
+               and abs(math.log(e["heads"] / max(1, heads))) <= math.log(NEAR) + 1e-9]
     if not entries:
         return None
     return min(entries, key=lambda e: abs(math.log(e["n"] / n)) + abs(math.log(e["heads"] / heads)))

@@ -73,8 +73,9 @@ def test_tuned_blocks_from_the_profile(profdir, monkeypatch):
     # a shape where the engine's own plan won, another head dim, the switch off: no tuned tile
     assert tune.tuned_blocks("cpu", torch.bfloat16, 24, 4096, 4096, 128, "chunked", 1 << 30) is None
     assert tune.tuned_blocks("cpu", torch.float32, 24, 4096, 4096, 64, "chunked", 1 << 30) is None
-    # a key count more than 2x from every tuned one: the engine's own plan
+    # a key or head count more than 2x from every tuned one: the engine's own plan
     assert tune.tuned_blocks("cpu", torch.float32, 24, 1024, 1024, 128, "chunked", 1 << 30) is None
+    assert tune.tuned_blocks("cpu", torch.float32, 4, 4096, 4096, 128, "chunked", 1 << 30) is None
     monkeypatch.setenv(tune.ENV_SWITCH, "off")
     assert tune.tuned_blocks("cpu", torch.float32, 24, 4096, 4096, 128, "chunked", 1 << 30) is None
 
