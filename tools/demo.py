@@ -76,6 +76,9 @@ def parse_args(argv=None):
     ap.add_argument("--mode", choices=["auto", "chunked", "inplace", "online"], default=None,
                     help="Patch Attention mode (default: auto on GPUs, chunked on the CPU, whose torch has a "
                          "fused kernel that auto would leave in place)")
+    ap.add_argument("--ffn-chunks", type=int, default=4,
+                    help="FFN Chunking chunks in the '+ FFN Chunking' run (0 = from free memory, which on a machine "
+                         "with RAM to spare is 1: no chunking)")
     ap.add_argument("--chart", default=None, help="PNG chart path (default: <workdir>/demo.png)")
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--report-only", action="store_true", help="re-print the table and chart of <workdir>/runs.json")
@@ -225,7 +228,7 @@ def umt5_detectable(path):
     save_file(sd, path)
 
 
-def configure(prompt, prefix, size, frames, steps, seed, patch, ffn, mode):
+def configure(prompt, prefix, size, frames, steps, seed, patch, ffn, mode, ffn_chunks=4):
     """The workflow at this size, steps and seed, with or without the pack's two nodes (FFN Chunking off or on),
     decoded in small tiles so the decode's memory stays under the sampler's."""
     p = resized(prompt if patch else without_patch(prompt), prefix, size=size, frames=frames, steps=steps,
@@ -236,6 +239,7 @@ def configure(prompt, prefix, size, frames, steps, seed, patch, ffn, mode):
             inp["seed" if "seed" in inp else "noise_seed"] = seed
         elif ct == "TiledFFNChunking":
             inp["enabled"] = bool(ffn and patch)
+            inp["chunks"] = ffn_chunks
         elif ct == "VAEDecodeTiled":
             inp.update(tile_size=128, overlap=32, temporal_size=8, temporal_overlap=4)
     return p
@@ -399,7 +403,8 @@ def main(argv=None):
             seed = 1000 + rep
             for label, srv, patch, ffn in order:
                 prefix = f"demo/r{rep}-{configs.index((label, srv, patch, ffn))}"
-                p = configure(prompt, prefix, (width, height), frames, a.steps, seed, patch, ffn, mode)
+                p = configure(prompt, prefix, (width, height), frames, a.steps, seed, patch, ffn, mode,
+                              a.ffn_chunks)
                 say(f"round {rep + 1}/{a.repeats}: {label}")
                 secs, step, peak, growth, entry = run(servers[srv], p, label, peaks[srv])
                 pngs = [x for x in output_files(servers[srv].base, entry, (".png",))]
