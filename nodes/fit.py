@@ -1,0 +1,51 @@
+"""Attention Fit: will a video fit? Tokens, per-call attention and FFN memory, and the settings to use, for a
+model family, resolution and frame count (the numbers of `python -m attention_core.plan`)."""
+from __future__ import annotations
+
+from comfy_api.v0_0_2 import io  # the pinned node API version the pack's nodes use (present in 0.3.75 and 0.33.0)
+
+from ..attention_core import plan
+
+
+def free_memory_here() -> int:
+    """Bytes free on ComfyUI's torch device (its own accounting), for the 'free_gb = 0' default."""
+    import comfy.model_management as mm
+    return int(mm.get_free_memory(mm.get_torch_device()))
+
+
+class AttentionFit(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="TiledAttentionFit",
+            display_name="Attention Fit",
+            category="model_patches/attention",
+            description=("Will it fit: video tokens, memory of one attention call for math SDPA, ComfyUI's "
+                         "sub-quadratic and split attention and each tier of this pack, the FFN activation with "
+                         "and without chunking, and the settings to use for the free memory."),
+            inputs=[
+                io.Combo.Input("model", options=sorted(plan.MODELS), default="wan22-5b",
+                               tooltip="wan22-5b: Wan 2.2 TI2V 5B; wan-14b: Wan 2.1/2.2 14B; ltx23-22b: LTX-2.3 "
+                                       "22B (video stream)"),
+                io.Int.Input("width", default=1280, min=16, max=8192, step=16),
+                io.Int.Input("height", default=720, min=16, max=8192, step=16),
+                io.Int.Input("frames", default=121, min=1, max=2049, step=1),
+                io.Combo.Input("dtype", options=["fp16", "bf16", "fp32"], default="fp16",
+                               tooltip="the dtype attention runs in"),
+                io.Float.Input("free_gb", default=0.0, min=0.0, max=4096.0, step=0.5,
+                               tooltip="free memory to plan for; 0 = what ComfyUI's device has free now"),
+            ],
+            outputs=[io.String.Output(display_name="report")],
+            is_output_node=True,
+        )
+
+    @classmethod
+    def fingerprint_inputs(cls, free_gb=0.0, **kwargs):
+        return float("nan")  # free_gb 0 reads the free memory now: never cached (the node is cheap)
+
+    @classmethod
+    def execute(cls, model, width, height, frames, dtype, free_gb) -> io.NodeOutput:
+        free = int(free_gb * plan.GB) if free_gb > 0 else free_memory_here()
+        est = plan.estimate(model, width, height, frames, free, 4 if dtype == "fp32" else 2)
+        text = plan.report(est)
+        return io.NodeOutput(text, ui={"text": [text]})
