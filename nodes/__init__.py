@@ -1,12 +1,13 @@
 """ComfyUI nodes of the pack (V3 API, comfy_api v0_0_2): Patch Attention for a MODEL, a CLIP and a VAE, FFN
-Chunking, Attention Info; and the extension that lists them and registers the "tiled" attention backend."""
+Chunking, Attention Info, Attention Fit; and the extension that lists them and registers the "tiled" attention backend."""
 from .api import ComfyExtension, io
 from .attention import PatchAttention, PatchAttentionCLIP, PatchAttentionVAE
 from .backend_registry import register
 from .ffn import FFNChunking
+from .fit import AttentionFit
 from .info import AttentionInfo
 
-NODES = [PatchAttention, PatchAttentionCLIP, PatchAttentionVAE, FFNChunking, AttentionInfo]
+NODES = [PatchAttention, PatchAttentionCLIP, PatchAttentionVAE, FFNChunking, AttentionInfo, AttentionFit]
 
 
 class TiledAttentionExtension(ComfyExtension):

@@ -2,9 +2,8 @@
 model family, resolution and frame count (the numbers of `python -m attention_core.plan`)."""
 from __future__ import annotations
 
-from comfy_api.v0_0_2 import io  # the pinned node API version the pack's nodes use (present in 0.3.75 and 0.33.0)
-
 from ..attention_core import plan
+from .api import io
 
 
 def free_memory_here() -> int:
@@ -27,9 +26,9 @@ class AttentionFit(io.ComfyNode):
                 io.Combo.Input("model", options=sorted(plan.MODELS), default="wan22-5b",
                                tooltip="wan22-5b: Wan 2.2 TI2V 5B; wan-14b: Wan 2.1/2.2 14B; ltx23-22b: LTX-2.3 "
                                        "22B (video stream)"),
-                io.Int.Input("width", default=1280, min=16, max=8192, step=16),
-                io.Int.Input("height", default=720, min=16, max=8192, step=16),
-                io.Int.Input("frames", default=121, min=1, max=2049, step=1),
+                io.Int.Input("width", default=1280, min=16, max=8192, step=16, tooltip="video width in pixels"),
+                io.Int.Input("height", default=720, min=16, max=8192, step=16, tooltip="video height in pixels"),
+                io.Int.Input("frames", default=121, min=1, max=2049, step=1, tooltip="video length in frames"),
                 io.Combo.Input("dtype", options=["fp16", "bf16", "fp32"], default="fp16",
                                tooltip="the dtype attention runs in"),
                 io.Float.Input("free_gb", default=0.0, min=0.0, max=4096.0, step=0.5,

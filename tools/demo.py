@@ -208,24 +208,8 @@ def write_models(models, a):
     save_file(sd, path)
     del sd, torch
     write_umt5(os.path.join(models, "text_encoders", FILES["text_encoders"]))
-    umt5_detectable(os.path.join(models, "text_encoders", FILES["text_encoders"]))
     write_wan22_vae(os.path.join(models, "vae", FILES["vae"]))
     open(stamp, "w").close()
-
-
-def umt5_detectable(path):
-    """ComfyUI 0.33.0 detects UMT5-XXL by the first dim (10240) of block 23's wi_1, 0.3.75 by its last (4096):
-    give the tiny file that key at that shape (fp8 zeros, ignored by the tiny model) where it lacks it."""
-    import torch
-    from safetensors import safe_open
-    from safetensors.torch import load_file, save_file
-    key = "encoder.block.23.layer.1.DenseReluDense.wi_1.weight"
-    with safe_open(path, "pt") as f:
-        if key in f.keys() and tuple(f.get_slice(key).get_shape()) == (10240, 4096):
-            return
-    sd = load_file(path)
-    sd[key] = torch.zeros(10240, 4096, dtype=torch.float8_e4m3fn)
-    save_file(sd, path)
 
 
 def configure(prompt, prefix, size, frames, steps, seed, patch, ffn, mode, ffn_chunks=4):

@@ -1,7 +1,11 @@
 """Attention Fit (nodes/fit.py) in the real ComfyUI: the same numbers as python -m attention_core.plan."""
 import importlib
 
+import pytest
+
 from comfy_harness import PACK_NAME, load_pack
+
+pytestmark = pytest.mark.comfy_inprocess
 
 
 def fit_node():

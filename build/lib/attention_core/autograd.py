@@ -1,17 +1,20 @@
-"""The differentiable boundary: the engine as torch custom ops with autograd, vmap and fake (meta) rules.
+"""The differentiable boundary: the engine as torch custom ops, tied together by one autograd.Function.
 
     tiled_attention::fwd (q5, k4, v4, mask5, seed, config...) -> (O5, L, row max)
     tiled_attention::bwd (dO5, dL, q5, k4, v4, mask5, O5, L, row max, seed, config...) -> (dq5, dk4, dv4, dmask5)
 
 Tensors are in problem.py's canonical layout; everything else is a schema type (bool, int, float, str, None), so
 torch.compile(fullgraph=True) traces through the call and tile planning (free memory, data-dependent bounds)
-happens inside the op. Autograd saves q, k, v, the mask, O and the fp32 L (and row max) only: O(N) memory.
-vmap folds the vmapped dim into the batch dim. A backward run with grad mode on (create_graph=True, torch.func
-transforms) takes a differentiable recompute instead (plain torch ops; it keeps the full score matrix for the
-graph, so it is O(Lq * Lk) memory); first-order backward never does.
+happens inside the op (fake rules give the shapes). Both ops have vmap rules (the vmapped dim folded into the
+batch dim). TiledAttention (setup_context, generate_vmap_rule) saves q, k, v, the mask, O and the fp32 L and
+row max only: O(N) memory; it works under torch.func (grad, vmap, jacrev; not forward-mode AD: jvp, hessian).
+A backward run with grad mode on (create_graph=True, torch.func.grad) takes a differentiable recompute instead
+(plain torch ops; it keeps the full score matrix for the graph, O(Lq * Lk) memory); first-order backward never
+does.
 """
 from __future__ import annotations
 
+import re
 from typing import Optional, Tuple
 
 import torch
@@ -21,29 +24,38 @@ from .numerics import dropout_keep, stats_dtype
 from .ops import backward_canonical, forward_canonical
 from .problem import AttentionProblem
 
-_OPTS = ("tier", "block_q", "block_kv", "memory_budget", "precision", "flush_to_zero")
 
 
-@torch.library.custom_op("tiled_attention::fwd", mutates_args=())
+def _namespace() -> str:
+    """Op namespace: "tiled_attention" for the `attention_core` package; a copy imported under another name (the
+    ComfyUI node folder imports it as <folder>.attention_core) gets its own, so two copies never collide."""
+    pkg = __name__.rsplit(".", 1)[0]
+    return "tiled_attention" if pkg == "attention_core" else "tiled_attention_" + re.sub(r"\W", "_", pkg)
+
+
+NS = _namespace()
+
+
+@torch.library.custom_op(f"{NS}::fwd", mutates_args=())
 def attention_fwd(q5: Tensor, k4: Tensor, v4: Tensor, mask5: Optional[Tensor], seed: Optional[Tensor],
                   causal: bool, causal_offset: int, scale: float, dropout_p: float, tier: str,
                   block_q: Optional[int], block_kv: Optional[int], memory_budget: Optional[int], precision: str,
-                  flush_to_zero: Optional[bool]) -> Tuple[Tensor, Tensor, Tensor]:
+                  flush_to_zero: Optional[bool], need_stats: bool) -> Tuple[Tensor, Tensor, Tensor]:
     s = int(seed.item()) if seed is not None else 0
     return forward_canonical(q5, k4, v4, mask5, s, causal, causal_offset, scale, dropout_p, tier, block_q,
-                             block_kv, memory_budget, precision, flush_to_zero)
+                             block_kv, memory_budget, precision, flush_to_zero, need_stats)
 
 
 @attention_fwd.register_fake
 def _attention_fwd_fake(q5, k4, v4, mask5, seed, causal, causal_offset, scale, dropout_p, tier, block_q, block_kv,
-                        memory_budget, precision, flush_to_zero):
+                        memory_budget, precision, flush_to_zero, need_stats):
     B, H, G, Lq, _ = q5.shape
     st = stats_dtype(q5.dtype)
-    return (q5.new_empty((B, H, G, Lq, v4.shape[-1])), q5.new_empty((B, H, G, Lq), dtype=st),
-            q5.new_empty((B, H, G, Lq), dtype=st))
+    stats = (B, H, G, Lq) if need_stats else (0,)
+    return (q5.new_empty((B, H, G, Lq, v4.shape[-1])), q5.new_empty(stats, dtype=st), q5.new_empty(stats, dtype=st))
 
 
-@torch.library.custom_op("tiled_attention::bwd", mutates_args=())
+@torch.library.custom_op(f"{NS}::bwd", mutates_args=())
 def attention_bwd(dout5: Tensor, dlse: Optional[Tensor], q5: Tensor, k4: Tensor, v4: Tensor, mask5: Optional[Tensor],
                   out5: Tensor, lse: Tensor, rowmax: Optional[Tensor], seed: Optional[Tensor], causal: bool,
                   causal_offset: int, scale: float, dropout_p: float, need_dmask: bool, tier: str,
@@ -65,58 +77,83 @@ def _attention_bwd_fake(dout5, dlse, q5, k4, v4, mask5, out5, lse, rowmax, seed,
 
 # ---- autograd ---------------------------------------------------------------------------------------------------
 
-def _setup_context(ctx, inputs, output):
-    q5, k4, v4, mask5, seed, *config = inputs
-    out5, lse, rowmax = output
-    ctx.save_for_backward(q5, k4, v4, mask5, seed, out5, lse, rowmax)
-    ctx.config = tuple(config)  # causal, causal_offset, scale, dropout_p, then the engine options
+class TiledAttention(torch.autograd.Function):
+    """(O5, L) of tiled_attention::fwd with the recompute backward. setup_context + generate_vmap_rule make it
+    work under torch.func (grad, vmap, jacrev, hessian); torch.compile traces it (the ops inside are opaque)."""
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(q5, k4, v4, mask5, seed, *config):
+        out5, lse, rowmax = attention_fwd(q5, k4, v4, mask5, seed, *config, True)
+        return out5, lse, rowmax
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q5, k4, v4, mask5, seed, *config = inputs
+        out5, lse, rowmax = output
+        ctx.save_for_backward(q5, k4, v4, mask5, seed, out5, lse, rowmax)
+        ctx.config = tuple(config)  # causal, causal_offset, scale, dropout_p, then the engine options
+
+    @staticmethod
+    def backward(ctx, dout5, dlse, _drowmax):
+        q5, k4, v4, mask5, seed, out5, lse, rowmax = ctx.saved_tensors
+        causal, causal_offset, scale, dropout_p, *opts = ctx.config
+        need_dmask = mask5 is not None and bool(ctx.needs_input_grad[3])
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                           for t in (dout5, dlse, q5, k4, v4, mask5)):
+            dq, dk, dv, dm = differentiable_backward(dout5, dlse, q5, k4, v4, mask5, seed, causal, causal_offset,
+                                                     scale, dropout_p, need_dmask)
+        else:
+            dq, dk, dv, dm = attention_bwd(dout5, dlse, q5, k4, v4, mask5, out5, lse, rowmax, seed,
+                                                           causal, causal_offset, scale, dropout_p, need_dmask, *opts)
+        return (dq, dk, dv, dm if need_dmask else None) + (None,) * (1 + len(ctx.config))
 
 
-def _backward(ctx, dout5, dlse, _drowmax):
-    q5, k4, v4, mask5, seed, out5, lse, rowmax = ctx.saved_tensors
-    causal, causal_offset, scale, dropout_p, *opts = ctx.config
-    need_dmask = mask5 is not None and bool(ctx.needs_input_grad[3])
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad
-                                       for t in (dout5, dlse, q5, k4, v4, mask5)):
-        dq, dk, dv, dm = differentiable_backward(dout5, dlse, q5, k4, v4, mask5, seed, causal, causal_offset, scale,
-                                                 dropout_p, need_dmask)
-    else:
-        dq, dk, dv, dm = torch.ops.tiled_attention.bwd(dout5, dlse, q5, k4, v4, mask5, out5, lse, rowmax, seed,
-                                                       causal, causal_offset, scale, dropout_p, need_dmask, *opts)
-    return (dq, dk, dv, dm if need_dmask else None) + (None,) * (1 + len(ctx.config))
-
-
-attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+def tiled_attention(q5, k4, v4, mask5, seed, *config, need_lse: bool = True):
+    """(O5, L): the differentiable engine call in the canonical layout (config as tiled_attention::fwd, less
+    need_stats). Without grads and need_lse=False, L is not computed (an empty tensor)."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q5, k4, v4, mask5)):
+        out5, lse, _ = TiledAttention.apply(q5, k4, v4, mask5, seed, *config)
+    else:  # nothing to differentiate: the op alone (torch.compile cannot trace a Function without grads)
+        out5, lse, _ = attention_fwd(q5, k4, v4, mask5, seed, *config, need_lse)
+    return out5, lse
 
 
 def differentiable_backward(dout5, dlse, q5, k4, v4, mask5, seed, causal, causal_offset, scale, dropout_p,
                             need_dmask):
-    """The gradients by autograd through plain torch attention (create_graph), so they can be differentiated
-    again (gradient penalties, torch.func.hessian). Same dropout bits as the tiles. O(Lq * Lk) memory."""
-    def leaf(t):
-        return t if t.requires_grad else t.detach().requires_grad_(True)
-    xs = [leaf(q5), leaf(k4), leaf(v4)]
-    m = leaf(mask5) if need_dmask else mask5
-    with torch.enable_grad():
-        out, lse = plain_attention(*xs, m, seed, causal, causal_offset, scale, dropout_p)
-        wrt = xs + ([m] if need_dmask else [])
-        outs, grads = [out], [dout5]
-        if dlse is not None:
-            outs.append(lse)
-            grads.append(dlse)
-        res = torch.autograd.grad(outs, wrt, grads, create_graph=True, allow_unused=True)
-    res = [torch.zeros_like(w) if g is None else g.to(w.dtype) for g, w in zip(res, wrt)]
-    return res[0], res[1], res[2], (res[3] if need_dmask else None)
-
-
-def plain_attention(q5, k4, v4, mask5, seed, causal, causal_offset, scale, dropout_p):
-    """(O5, L) in differentiable torch ops, computed in the statistics dtype (fp32, fp64 for fp64)."""
+    """The same gradients written in plain differentiable torch ops (no autograd.grad, no in-place), so they can
+    be differentiated again (gradient penalties) and run under torch.func. Keeps O(Lq * Lk) for the graph.
+    dS = P * (dP - rowsum(dO * O) + dL), dQ = scale dS K, dK = scale dS^T Q, dV = P_drop^T dO, dMask = dS."""
     st = stats_dtype(q5.dtype)
-    B, H, G, Lq, E = q5.shape
-    Lk = k4.shape[2]
-    s = torch.matmul(q5.to(st) * scale, k4.to(st).unsqueeze(2).transpose(-1, -2))  # (B, H, G, Lq, Lk)
+    q, k, v = q5.to(st), k4.to(st).unsqueeze(2), v4.to(st).unsqueeze(2)  # k, v broadcast over the G heads
+    prob, lse = _probabilities(q, k, mask5, causal, causal_offset, scale)
+    keep = _keep_scale(q5, k4, seed, dropout_p)
+    pd = prob if keep is None else prob * keep
+    do = dout5.to(st)
+    out = torch.matmul(pd, v)
+    dv = torch.matmul(pd.transpose(-1, -2), do).sum(2)
+    dp = torch.matmul(do, v.transpose(-1, -2))
+    if keep is not None:
+        dp = dp * keep
+    delta = (do * out).sum(-1, keepdim=True)
+    if dlse is not None:
+        delta = delta - dlse.to(st).unsqueeze(-1)
+    ds = prob * (dp - delta)
+    dq = torch.matmul(ds, k) * scale
+    dk = torch.matmul(ds.transpose(-1, -2), q).sum(2) * scale
+    dm = None
+    if need_dmask:
+        dims = tuple(d for d in range(5) if mask5.shape[d] == 1 and ds.shape[d] != 1)
+        dm = (ds.sum(dim=dims, keepdim=True) if dims else ds).to(mask5.dtype)
+    return dq.to(q5.dtype), dk.to(k4.dtype), dv.to(v4.dtype), dm
+
+
+def _probabilities(q, k, mask5, causal, causal_offset, scale):
+    """(P (B, H, G, Lq, Lk), L (B, H, G, Lq)) in differentiable ops; rows with no visible key: P = 0, L = -inf."""
+    s = torch.matmul(q * scale, k.transpose(-1, -2))
+    Lq, Lk = s.shape[-2], s.shape[-1]
     if mask5 is not None:
-        s = s.masked_fill(~mask5, float("-inf")) if mask5.dtype == torch.bool else s + mask5.to(st)
+        s = s.masked_fill(~mask5, float("-inf")) if mask5.dtype == torch.bool else s + mask5.to(s.dtype)
     if causal:
         rows = torch.arange(Lq, device=s.device).view(-1, 1) + causal_offset
         s = s.masked_fill(torch.arange(Lk, device=s.device).view(1, -1) > rows, float("-inf"))
@@ -127,17 +164,22 @@ def plain_attention(q5, k4, v4, mask5, seed, causal, causal_offset, scale, dropo
     empty = l == 0
     l_safe = torch.where(empty, torch.ones_like(l), l)
     lse = torch.where(empty, torch.full_like(l, float("-inf")), m + torch.log(l_safe)).squeeze(-1)
-    prob = e / l_safe
-    if dropout_p > 0:
-        p = AttentionProblem(q5=q5, k4=k4, v4=v4, mask5=None, causal=causal, scale=scale, dropout_p=dropout_p,
-                             dropout_seed=int(seed.item()) if seed is not None else 0, out_shape=(),
-                             squeeze_2d=False)
-        rows = torch.arange(Lq, device=s.device, dtype=torch.int64).view(-1, 1)
-        cols = torch.arange(Lk, device=s.device, dtype=torch.int64).view(1, -1)
-        keep = dropout_keep(p.dropout_seed, dropout_p, p.head_index(), rows, cols, Lq, Lk)
-        prob = prob * keep / (1.0 - dropout_p) if dropout_p < 1 else prob * 0
-    out = torch.matmul(prob, v4.to(st).unsqueeze(2))
-    return out.to(q5.dtype), lse
+    return e / l_safe, lse
+
+
+def _keep_scale(q5, k4, seed, dropout_p):
+    """keep bits / (1 - p) of the whole problem (as the tiles draw them), or None without dropout."""
+    if dropout_p <= 0:
+        return None
+    if dropout_p >= 1:
+        return torch.zeros((), dtype=stats_dtype(q5.dtype), device=q5.device)
+    p = AttentionProblem(q5=q5, k4=k4, v4=k4, mask5=None, causal=False, scale=1.0, dropout_p=dropout_p,
+                         dropout_seed=int(seed.item()) if seed is not None else 0, out_shape=(), squeeze_2d=False)
+    Lq, Lk = q5.shape[3], k4.shape[2]
+    rows = torch.arange(Lq, device=q5.device, dtype=torch.int64).view(-1, 1)
+    cols = torch.arange(Lk, device=q5.device, dtype=torch.int64).view(1, -1)
+    keep = dropout_keep(p.dropout_seed, dropout_p, p.head_index(), rows, cols, Lq, Lk)
+    return keep.to(stats_dtype(q5.dtype)) / (1.0 - dropout_p)
 
 
 # ---- vmap: fold the vmapped dim into the batch dim --------------------------------------------------------------
@@ -168,7 +210,9 @@ def _fwd_vmap(info, in_dims, q5, k4, v4, mask5, seed, *config):
     B = _batched(q5, in_dims[0], n).shape[1]
     q, k, v = (_fold(_batched(t, d, n)) for t, d in zip((q5, k4, v4), in_dims[:3]))
     m = _fold_mask(mask5, in_dims[3], n, B, False)
-    out, lse, rowmax = torch.ops.tiled_attention.fwd(q, k, v, m, seed, *config)
+    out, lse, rowmax = attention_fwd(q, k, v, m, seed, *config)
+    if not config[-1]:  # need_stats=False: L and the row max are empty
+        return (out.view(n, B, *out.shape[1:]), lse, rowmax), (0, None, None)
     return tuple(t.view(n, B, *t.shape[1:]) for t in (out, lse, rowmax)), (0, 0, 0)
 
 
@@ -181,7 +225,7 @@ def _bwd_vmap(info, in_dims, dout5, dlse, q5, k4, v4, mask5, out5, lse, rowmax, 
     args = [_fold(_batched(t, d, n)) for t, d in zip((dout5, dlse, q5, k4, v4), in_dims[:5])]
     m = _fold_mask(mask5, in_dims[5], n, B, need_dmask)
     rest = [_fold(_batched(t, d, n)) for t, d in zip((out5, lse, rowmax), in_dims[6:9])]
-    dq, dk, dv, dm = torch.ops.tiled_attention.bwd(*args, m, *rest, seed, causal, causal_offset, scale, dropout_p,
+    dq, dk, dv, dm = attention_bwd(*args, m, *rest, seed, causal, causal_offset, scale, dropout_p,
                                                    need_dmask, *opts)
     res = [t.view(n, B, *t.shape[1:]) for t in (dq, dk, dv)]
     if need_dmask:
@@ -192,5 +236,5 @@ def _bwd_vmap(info, in_dims, dout5, dlse, q5, k4, v4, mask5, out5, lse, rowmax, 
     return (*res, dm), (0, 0, 0, None)
 
 
-torch.library.register_vmap("tiled_attention::fwd", _fwd_vmap)
-torch.library.register_vmap("tiled_attention::bwd", _bwd_vmap)
+attention_fwd.register_vmap(_fwd_vmap)
+attention_bwd.register_vmap(_bwd_vmap)
