@@ -1,0 +1,308 @@
+"""Mutation testing of the engine (attention_core/) and the ComfyUI adapter (nodes/comfy_adapter.py).
+
+    ./dev mutate                                   every module, a seeded sample of 60 mutants each
+    ./dev mutate --module engine --sample 0        every engine mutant (slow: hours on 2 cores)
+    ./dev mutate --module adapter --sample 20 --seed 3 --timeout 120
+    ./dev mutate --list                            count the mutants per module, run nothing
+
+Cosmic Ray (cosmic-ray on PyPI, pinned in tests/requirements-test.txt) makes the mutants with its core operators
+and runs each one: it writes the mutated module to disk, runs the module's test selection, puts the file back.
+Here that happens in a COPY of the tree (the tracked and untracked-but-not-ignored files, in a temporary folder):
+nothing in the working tree is ever mutated. Each module has a fast, targeted test selection run with `-x`, one
+worker, under `nice -n 10`. A test run that fails kills the mutant; one past --timeout counts as a timeout.
+
+Before the mutants, the selection runs once on the unmutated copy: tests that already fail there are deselected
+(and reported), or every mutant would look killed.
+
+Equivalent mutants (no test can tell them from the original) are listed in EQUIVALENT below, each with the reason;
+they are reported and left out of the score. The score is killed / (killed + survived + timeout), where a timeout
+counts as not killed. The report gives, per module, the counts and every survivor's file:line and diff.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import difflib
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# module name -> (files to mutate, the fast test selection that runs against each mutant)
+MODULES = {
+    "engine": {
+        # bench.py is the benchmark CLI (timings and a table), not engine behaviour: not mutated
+        "files": sorted(str(p.relative_to(ROOT)) for p in (ROOT / "attention_core").rglob("*.py")
+                        if p.name != "bench.py"),
+        "tests": ["tests/engine"],
+    },
+    "adapter": {
+        "files": ["nodes/comfy_adapter.py"],
+        "tests": ["tests/comfy/test_comfy_nodes.py"],
+    },
+}
+
+# Equivalent mutants, examined by hand: (file, the original line, the mutated line) -> why no test can kill it.
+# Lines are compared stripped, so the entries survive unrelated edits that move them.
+EQUIVALENT = [
+    # (file, original line, mutated line, reason) - filled from the survivors of a run, see docs/mutation-report.md
+]
+
+
+@dataclasses.dataclass
+class Mutant:
+    module: str
+    path: str
+    operator: str
+    occurrence: int
+    line: int
+    before: str
+    after: str
+    diff: str
+    outcome: str = "pending"  # killed | survived | timeout | incompetent | equivalent
+    seconds: float = 0.0
+    why: str = ""
+    output: str = ""
+
+    def key(self):
+        return self.path, self.before.strip(), self.after.strip()
+
+
+def equivalent_reason(m: Mutant):
+    for path, before, after, why in EQUIVALENT:
+        if (path, before.strip(), after.strip()) == m.key():
+            return why
+    return None
+
+
+def copy_tree(dest: Path) -> Path:
+    """The tracked and untracked-but-not-ignored files of the tree, copied to dest (the mutants' playground)."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
+                           capture_output=True).stdout.decode().split("\0")
+    for name in filter(None, files):
+        src = ROOT / name
+        if not src.is_file() or src.is_symlink():
+            continue
+        out = dest / name
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, out)
+    cache = ROOT / ".cache"
+    if cache.exists():  # the stock ComfyUIs the tests import (read only)
+        os.symlink(cache.resolve(), dest / ".cache")
+    return dest
+
+
+def enumerate_mutants(tree: Path, module: str, operators):
+    """Every mutant Cosmic Ray's core operators make of the module's files (in the copy at `tree`); the mutated
+    code (a parse per mutant) is made later, by `describe`, for the sampled ones only."""
+    from cosmic_ray.ast import ast_nodes, get_ast_from_path
+    from cosmic_ray.commands.init import _operators
+
+    mutants = []
+    for rel in MODULES[module]["files"]:
+        module_ast = get_ast_from_path(tree / rel)
+        nodes = list(ast_nodes(module_ast))
+        for op_name, _op_args, op in _operators({}):
+            if operators and not any(re.search(o, op_name) for o in operators):
+                continue
+            positions = [pos for node in nodes for pos in op.mutation_positions(node)]
+            for occurrence, (start, _end) in enumerate(positions):
+                mutants.append(Mutant(module, rel, op_name, occurrence, start[0], "", "", ""))
+    return mutants
+
+
+def describe(tree: Path, m: Mutant) -> bool:
+    """Fill in the mutant's diff and changed line; False when the operator makes no change there."""
+    import cosmic_ray.plugins
+    from cosmic_ray.mutating import mutate_code
+
+    source = (tree / m.path).read_text(encoding="utf-8")
+    mutated = mutate_code(source, cosmic_ray.plugins.get_operator(m.operator)(), m.occurrence)
+    if mutated is None or mutated == source:
+        return False
+    m.before, m.after, m.diff, m.line = _line_diff(source, mutated, m.path, m.line)
+    return True
+
+
+def _line_diff(source: str, mutated: str, rel: str, line: int):
+    a, b = source.split("\n"), mutated.split("\n")
+    diff = "\n".join(difflib.unified_diff(a, b, f"a/{rel}", f"b/{rel}", n=1, lineterm=""))
+    changed_a = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+    first = changed_a[0] if changed_a else line - 1
+    before = a[first] if first < len(a) else ""
+    after = b[first] if first < len(b) else ""
+    if len(a) != len(b):  # a whole statement changed (e.g. a removed decorator): key on the diff body
+        body = [ln for ln in diff.splitlines()[2:] if ln[:1] in "+-"]
+        before = " | ".join(ln for ln in body if ln.startswith("-"))
+        after = " | ".join(ln for ln in body if ln.startswith("+"))
+    return before, after, diff, first + 1
+
+
+def pytest_command(module: str, deselect=(), tests=None):
+    cmd = ["nice", "-n", "10", sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+           "-c", "tests/pytest.ini", "--rootdir", "tests", "-W", "ignore::DeprecationWarning"]
+    for nodeid in deselect:
+        cmd += ["--deselect", nodeid]
+    return cmd + list(tests or MODULES[module]["tests"])
+
+
+def baseline(tree: Path, module: str, tests, timeout: float):
+    """Run the selection on the unmutated copy; return the node ids of tests that already fail."""
+    cmd = pytest_command(module, tests=tests)
+    cmd.remove("-x")
+    t0 = time.time()
+    proc = subprocess.run(cmd + ["-rf"], cwd=tree, capture_output=True, text=True, timeout=timeout * 4)
+    failing = re.findall(r"^FAILED (\S+)", proc.stdout, re.M)
+    failing = [f.split("tests/", 1)[-1] if f.startswith("tests/") else f for f in failing]
+    if proc.returncode not in (0, 1):
+        raise SystemExit(f"mutate: the {module} test selection does not run on the unmutated tree "
+                         f"(pytest exit {proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}")
+    return failing, time.time() - t0
+
+
+def run_mutant(tree: Path, m: Mutant, cmd, timeout: float):
+    """Mutate the copy through Cosmic Ray, run the tests, restore the file."""
+    import cosmic_ray.plugins
+    from cosmic_ray.mutating import use_mutation
+    from cosmic_ray.testing import run_tests
+
+    op = cosmic_ray.plugins.get_operator(m.operator)()
+    t0 = time.time()
+    cwd = os.getcwd()
+    os.chdir(tree)
+    try:
+        with use_mutation(Path(m.path), op, m.occurrence) as (_orig, mutated):
+            if mutated is None:
+                m.outcome = "incompetent"
+                return m
+            outcome, output = run_tests(" ".join(_quote(c) for c in cmd), timeout)
+    finally:
+        os.chdir(cwd)
+    m.seconds = time.time() - t0
+    if output == "timeout":
+        m.outcome = "timeout"
+    else:
+        m.outcome = "killed" if outcome.value == "killed" else "survived"
+        if m.outcome == "killed":
+            first = re.search(r"^(FAILED|ERROR) .*$", output, re.M)
+            m.output = first.group(0) if first else output.strip().splitlines()[-1:][0] if output.strip() else ""
+    return m
+
+
+def _quote(s: str) -> str:
+    import shlex
+    return shlex.quote(s)
+
+
+def score(ms):
+    k = sum(m.outcome == "killed" for m in ms)
+    s = sum(m.outcome == "survived" for m in ms)
+    t = sum(m.outcome == "timeout" for m in ms)
+    e = sum(m.outcome == "equivalent" for m in ms)
+    total = k + s + t
+    return k, s, t, e, (100.0 * k / total if total else 100.0)
+
+
+def report(results: dict, totals: dict, deselected: dict, args, out=sys.stdout):
+    w = out.write
+    w(f"\n# Mutation testing (cosmic-ray; seed {args.seed}, sample {args.sample or 'all'} per module)\n\n")
+    w("| module | mutants | sampled | killed | survived | timeout | equivalent | score |\n")
+    w("| --- | --- | --- | --- | --- | --- | --- | --- |\n")
+    for module, ms in results.items():
+        k, s, t, e, pct = score(ms)
+        w(f"| {module} | {totals[module]} | {len(ms)} | {k} | {s} | {t} | {e} | {pct:.1f}% |\n")
+    for module, ms in results.items():
+        if deselected.get(module):
+            w(f"\n{module}: tests failing on the unmutated tree, deselected: {', '.join(deselected[module])}\n")
+        surv = [m for m in ms if m.outcome in ("survived", "timeout")]
+        w(f"\n## {module}: {len(surv)} survivor(s)\n")
+        for m in sorted(surv, key=lambda m: (m.path, m.line)):
+            w(f"\n{m.path}:{m.line} {m.operator} ({m.outcome})\n```diff\n{m.diff}\n```\n")
+        eq = [m for m in ms if m.outcome == "equivalent"]
+        if eq:
+            w(f"\n### {module}: equivalent mutants (not scored)\n")
+            for m in sorted(eq, key=lambda m: (m.path, m.line)):
+                w(f"- {m.path}:{m.line} `{m.before.strip()}` -> `{m.after.strip()}`: {m.why}\n")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="./dev mutate", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--module", choices=sorted(MODULES) + ["all"], default="all",
+                    help="engine (attention_core/) or adapter (nodes/comfy_adapter.py); default all")
+    ap.add_argument("--file", action="append", default=[],
+                    help="only mutants in files whose path contains this (repeatable), e.g. --file tiles.py")
+    ap.add_argument("--sample", type=int, default=60, help="mutants per module, a seeded random sample (0 = all)")
+    ap.add_argument("--seed", type=int, default=13, help="seed of the sample (default 13)")
+    ap.add_argument("--timeout", type=float, default=0,
+                    help="seconds per mutant's test run (default: 3 x the unmutated run, at least 60)")
+    ap.add_argument("--operator", action="append", default=[],
+                    help="only Cosmic Ray operators matching this regex (repeatable), e.g. --operator Comparison")
+    ap.add_argument("--tests", nargs="+", help="override the module's test selection (paths under tests/)")
+    ap.add_argument("--list", action="store_true", help="count the mutants, run nothing")
+    ap.add_argument("--json", help="also write every mutant's outcome to this JSON file")
+    ap.add_argument("--report", help="also write the markdown report to this file")
+    args = ap.parse_args(argv)
+
+    os.environ.setdefault("COMFYUI_PATH", str(ROOT / ".cache" / "comfyui-0.3.75"))
+    os.environ.setdefault("COMFYUI_LATEST_PATH", str(ROOT / ".cache" / "comfyui-0.33.0"))
+    modules = sorted(MODULES) if args.module == "all" else [args.module]
+    results, totals, deselected = {}, {}, {}
+    with tempfile.TemporaryDirectory(prefix="tiled-attention-mutants-") as tmp:
+        tree = copy_tree(Path(tmp) / "tree")
+        for module in modules:
+            ms = enumerate_mutants(tree, module, args.operator)
+            if args.file:
+                ms = [m for m in ms if any(f in m.path for f in args.file)]
+            totals[module] = len(ms)
+            if args.list:
+                per_file = {}
+                for m in ms:
+                    per_file[m.path] = per_file.get(m.path, 0) + 1
+                print(f"{module}: {len(ms)} mutants")
+                for path, n in sorted(per_file.items()):
+                    print(f"  {path}: {n}")
+                continue
+            if args.sample and len(ms) > args.sample:
+                ms = random.Random(f"{args.seed}:{module}").sample(ms, args.sample)
+            failing, base_s = baseline(tree, module, args.tests, max(args.timeout, 600))
+            deselected[module] = failing
+            timeout = args.timeout or max(60.0, 3 * base_s)
+            cmd = pytest_command(module, failing, args.tests)
+            print(f"[mutate] {module}: {len(ms)} of {totals[module]} mutants; unmutated run {base_s:.0f}s, "
+                  f"timeout {timeout:.0f}s" + (f"; deselected (already failing): {failing}" if failing else ""),
+                  file=sys.stderr, flush=True)
+            for n, m in enumerate(ms, 1):
+                why = equivalent_reason(m) if describe(tree, m) else None
+                if not m.diff:
+                    m.outcome = "incompetent"
+                elif why:
+                    m.outcome, m.why = "equivalent", why
+                else:
+                    run_mutant(tree, m, cmd, timeout)
+                print(f"[mutate] {module} {n}/{len(ms)} {m.outcome:9s} {m.path}:{m.line} {m.operator} "
+                      f"({m.seconds:.0f}s)", file=sys.stderr, flush=True)
+            results[module] = ms
+    if args.list:
+        return 0
+    report(results, totals, deselected, args)
+    if args.report:
+        with open(args.report, "w", encoding="utf-8") as f:
+            report(results, totals, deselected, args, out=f)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({mod: [dataclasses.asdict(m) for m in ms] for mod, ms in results.items()}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
