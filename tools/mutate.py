@@ -37,7 +37,26 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# module name -> (files to mutate, the fast test selection that runs against each mutant)
+# module name -> (files to mutate, the fast test selection that runs against each mutant); BY_FILE narrows the
+# selection for mutants of one file (first match of a path prefix wins), so a surviving mutant costs less
+KILLS = "tests/engine/test_mutation_kills.py"
+E = "tests/engine/"
+GRADS = [E + "test_sdpa_autograd.py", E + "test_ops.py", E + "test_sdpa_memory.py", KILLS]
+BY_FILE = [  # test files that do not exist in the mutated tree are dropped (the layout is moving)
+    ("attention_core/autograd.py", GRADS),
+    ("attention_core/tiers/backward.py", GRADS),
+    ("attention_core/memory.py", [E + "test_sdpa_memory.py", KILLS]),
+    ("attention_core/oom.py", [E + "test_sdpa_memory.py", KILLS]),
+    ("attention_core/detection.py", [E + "test_detect_patch_ffn.py", E + "test_detection.py", KILLS]),
+    ("attention_core/patch.py", [E + "test_detect_patch_ffn.py", E + "test_global_patch.py", KILLS]),
+    ("attention_core/ffn.py", [E + "test_detect_patch_ffn.py", E + "test_ffn_chunking.py", KILLS]),
+    ("attention_core/selfcheck.py", [E + "test_detect_patch_ffn.py", E + "test_detection.py", KILLS]),
+]
+# test files about the patch, FFN and detection only: not run against mutants of the attention math
+NOT_CORE = {E + "test_detect_patch_ffn.py", E + "test_detection.py", E + "test_ffn_chunking.py",
+            E + "test_global_patch.py"}
+# slow test files (real transformers/diffusers models) left out of the default engine selection
+SLOW = {E + "test_global_patch_models.py"}
 MODULES = {
     "engine": {
         # bench.py is the benchmark CLI (timings and a table), not engine behaviour: not mutated
@@ -68,6 +87,8 @@ class Mutant:
     before: str
     after: str
     diff: str
+    start_line: int = 0
+    tests: int = 0  # how many tests ran against it (0: the module's whole selection)
     outcome: str = "pending"  # killed | survived | timeout | incompetent | equivalent
     seconds: float = 0.0
     why: str = ""
@@ -84,9 +105,16 @@ def equivalent_reason(m: Mutant):
     return None
 
 
-def copy_tree(dest: Path) -> Path:
-    """The tracked and untracked-but-not-ignored files of the tree, copied to dest (the mutants' playground)."""
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
+def copy_tree(dest: Path, ref=None) -> Path:
+    """The tracked and untracked-but-not-ignored files of the tree (or the tree of git revision `ref`), copied to
+    dest: the mutants' playground."""
+    if ref:
+        dest.mkdir(parents=True)
+        archive = subprocess.run(["git", "archive", ref], cwd=ROOT, check=True, capture_output=True).stdout
+        subprocess.run(["tar", "xf", "-", "-C", str(dest)], input=archive, check=True)
+        files = []
+    else:
+        files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
                            capture_output=True).stdout.decode().split("\0")
     for name in filter(None, files):
         src = ROOT / name
@@ -116,7 +144,7 @@ def enumerate_mutants(tree: Path, module: str, operators):
                 continue
             positions = [pos for node in nodes for pos in op.mutation_positions(node)]
             for occurrence, (start, _end) in enumerate(positions):
-                mutants.append(Mutant(module, rel, op_name, occurrence, start[0], "", "", ""))
+                mutants.append(Mutant(module, rel, op_name, occurrence, start[0], "", "", "", start_line=start[0]))
     return mutants
 
 
@@ -147,6 +175,16 @@ def _line_diff(source: str, mutated: str, rel: str, line: int):
     return before, after, diff, first + 1
 
 
+def tests_for(module: str, path: str, tree: Path):
+    """The test files run against a mutant of `path` (those that exist in the copied tree)."""
+    tests = next((t for prefix, t in BY_FILE if path.startswith(prefix)), None)
+    if tests is None and MODULES[module]["tests"] == ["tests/engine"]:
+        tests = sorted(str(f.relative_to(tree)) for f in (tree / "tests/engine").glob("test_*.py"))
+        tests = [t for t in tests if t not in SLOW and t not in NOT_CORE and t != KILLS] + [KILLS]
+    tests = [t for t in (tests or MODULES[module]["tests"]) if (tree / t).exists()]
+    return tests or MODULES[module]["tests"]
+
+
 def pytest_command(module: str, deselect=(), tests=None):
     cmd = ["nice", "-n", "10", sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
            "-c", "tests/pytest.ini", "--rootdir", "tests", "-W", "ignore::DeprecationWarning"]
@@ -155,18 +193,59 @@ def pytest_command(module: str, deselect=(), tests=None):
     return cmd + list(tests or MODULES[module]["tests"])
 
 
+def all_tests(module: str, tree: Path):
+    """The union of the module's per-file selections: what the baseline runs."""
+    files = set()
+    for rel in MODULES[module]["files"]:
+        files.update(tests_for(module, rel, tree))
+    return sorted(files)
+
+
 def baseline(tree: Path, module: str, tests, timeout: float):
-    """Run the selection on the unmutated copy; return the node ids of tests that already fail."""
+    """Run the selection once on the unmutated copy under coverage (one context per test).
+
+    Returns (node ids of tests that already fail, {file: {line: set of node ids}}, seconds). Lines run only
+    outside tests (imports) map to {""}."""
+    import coverage
+
+    data_file = tree.parent / f".coverage-{module}"
     cmd = pytest_command(module, tests=tests)
     cmd.remove("-x")
+    plugin_dir = tree.parent / "plugin"  # the plugin from this checkout, also when --ref mutates another tree
+    plugin_dir.mkdir(exist_ok=True)
+    shutil.copy(ROOT / "tools" / "mutate_coverage.py", plugin_dir / "mutate_coverage_plugin.py")
+    env = dict(os.environ, MUTATE_COVERAGE_FILE=str(data_file), MUTATE_TREE=str(tree),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(plugin_dir), os.environ.get("PYTHONPATH")])))
     t0 = time.time()
-    proc = subprocess.run(cmd + ["-rf"], cwd=tree, capture_output=True, text=True, timeout=timeout * 4)
+    proc = subprocess.run(cmd + ["-rf", "-p", "mutate_coverage_plugin"], cwd=tree, capture_output=True, text=True,
+                          timeout=timeout, env=env)
     failing = re.findall(r"^FAILED (\S+)", proc.stdout, re.M)
     failing = [f.split("tests/", 1)[-1] if f.startswith("tests/") else f for f in failing]
-    if proc.returncode not in (0, 1):
+    if proc.returncode not in (0, 1) or not data_file.exists():
         raise SystemExit(f"mutate: the {module} test selection does not run on the unmutated tree "
                          f"(pytest exit {proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}")
-    return failing, time.time() - t0
+    data = coverage.CoverageData(str(data_file))
+    data.read()
+    lines = {}
+    for fname in data.measured_files():
+        try:
+            rel = str(Path(fname).resolve().relative_to(tree.resolve()))
+        except ValueError:
+            continue
+        lines[rel] = {ln: set(ctx) for ln, ctx in data.contexts_by_lineno(fname).items()}
+    return failing, lines, time.time() - t0
+
+
+def covering_tests(m: "Mutant", lines: dict, deselect=()):
+    """Node ids (relative to tests/) of the tests that run the mutated line; [""] if only imports run it."""
+    per_line = lines.get(m.path, {})
+    ids = set()
+    for ln in {m.start_line, m.line}:
+        ids |= per_line.get(ln, set())
+    ids -= set(deselect)
+    if ids and ids <= {""}:
+        return [""]
+    return sorted(i for i in ids if i)
 
 
 def run_mutant(tree: Path, m: Mutant, cmd, timeout: float):
@@ -226,7 +305,7 @@ def report(results: dict, totals: dict, deselected: dict, args, out=sys.stdout):
         surv = [m for m in ms if m.outcome in ("survived", "timeout")]
         w(f"\n## {module}: {len(surv)} survivor(s)\n")
         for m in sorted(surv, key=lambda m: (m.path, m.line)):
-            w(f"\n{m.path}:{m.line} {m.operator} ({m.outcome})\n```diff\n{m.diff}\n```\n")
+            w(f"\n{m.path}:{m.line} {m.operator} ({m.outcome}{', ' + m.why if m.why else ''})\n```diff\n{m.diff}\n```\n")
         eq = [m for m in ms if m.outcome == "equivalent"]
         if eq:
             w(f"\n### {module}: equivalent mutants (not scored)\n")
@@ -248,6 +327,11 @@ def main(argv=None):
     ap.add_argument("--operator", action="append", default=[],
                     help="only Cosmic Ray operators matching this regex (repeatable), e.g. --operator Comparison")
     ap.add_argument("--tests", nargs="+", help="override the module's test selection (paths under tests/)")
+    ap.add_argument("--ref", help="mutate the tree of this git revision (e.g. main) instead of the working tree")
+    ap.add_argument("--deselect", action="append", default=[], help="a test node id to leave out (repeatable)")
+    ap.add_argument("--skip-baseline", action="store_true",
+                    help="do not run the selection once under coverage first: every mutant then runs its file's "
+                         "whole selection (slow), and tests that already fail must be passed with --deselect")
     ap.add_argument("--list", action="store_true", help="count the mutants, run nothing")
     ap.add_argument("--json", help="also write every mutant's outcome to this JSON file")
     ap.add_argument("--report", help="also write the markdown report to this file")
@@ -258,7 +342,7 @@ def main(argv=None):
     modules = sorted(MODULES) if args.module == "all" else [args.module]
     results, totals, deselected = {}, {}, {}
     with tempfile.TemporaryDirectory(prefix="tiled-attention-mutants-") as tmp:
-        tree = copy_tree(Path(tmp) / "tree")
+        tree = copy_tree(Path(tmp) / "tree", args.ref)
         for module in modules:
             ms = enumerate_mutants(tree, module, args.operator)
             if args.file:
@@ -274,10 +358,14 @@ def main(argv=None):
                 continue
             if args.sample and len(ms) > args.sample:
                 ms = random.Random(f"{args.seed}:{module}").sample(ms, args.sample)
-            failing, base_s = baseline(tree, module, args.tests, max(args.timeout, 600))
-            deselected[module] = failing
-            timeout = args.timeout or max(60.0, 3 * base_s)
-            cmd = pytest_command(module, failing, args.tests)
+            lines = None
+            if args.skip_baseline:
+                failing, base_s = [], 200.0
+            else:
+                failing, lines, base_s = baseline(tree, module, args.tests or all_tests(module, tree),
+                                                  max(args.timeout * 10, 3600))
+            deselected[module] = failing + args.deselect
+            timeout = args.timeout or max(120.0, 2 * base_s)
             print(f"[mutate] {module}: {len(ms)} of {totals[module]} mutants; unmutated run {base_s:.0f}s, "
                   f"timeout {timeout:.0f}s" + (f"; deselected (already failing): {failing}" if failing else ""),
                   file=sys.stderr, flush=True)
@@ -288,9 +376,19 @@ def main(argv=None):
                 elif why:
                     m.outcome, m.why = "equivalent", why
                 else:
-                    run_mutant(tree, m, cmd, timeout)
+                    tests = args.tests or tests_for(module, m.path, tree)
+                    if lines is not None:
+                        ids = covering_tests(m, lines, deselected[module])
+                        if not ids:
+                            m.outcome, m.why = "survived", "no test runs this line"
+                        elif ids != [""]:
+                            tests, m.tests = ["tests/" + i for i in ids], len(ids)
+                    if m.outcome == "pending":
+                        cmd = pytest_command(module, deselected[module], tests)
+                        run_mutant(tree, m, cmd, timeout)
                 print(f"[mutate] {module} {n}/{len(ms)} {m.outcome:9s} {m.path}:{m.line} {m.operator} "
-                      f"({m.seconds:.0f}s)", file=sys.stderr, flush=True)
+                      f"({m.seconds:.0f}s, {m.tests or 'all'} tests){' ' + m.why if m.why else ''}",
+                      file=sys.stderr, flush=True)
             results[module] = ms
     if args.list:
         return 0
