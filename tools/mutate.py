@@ -40,6 +40,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # module name -> (files to mutate, the fast test selection that runs against each mutant); BY_FILE narrows the
 # selection for mutants of one file (first match of a path prefix wins), so a surviving mutant costs less
 KILLS = "tests/engine/test_mutation_kills.py"
+ADAPTER_KILLS = "tests/comfy/test_comfy_nodes_kills.py"
+# The tests written to kill survivors run LAST against every mutant: with -x, a mutant whose first failure is in
+# one of these files passed every older test, so one run tells which mutants the suite killed before them
+NEW_KILL_TESTS = (KILLS, ADAPTER_KILLS)
 E = "tests/engine/"
 GRADS = [E + "test_sdpa_autograd.py", E + "test_ops.py", E + "test_sdpa_memory.py", KILLS]
 BY_FILE = [  # test files that do not exist in the mutated tree are dropped (the layout is moving)
@@ -66,7 +70,7 @@ MODULES = {
     },
     "adapter": {
         "files": ["nodes/comfy_adapter.py"],
-        "tests": ["tests/comfy/test_comfy_nodes.py"],
+        "tests": ["tests/comfy/test_comfy_nodes.py", ADAPTER_KILLS],
     },
 }
 
@@ -92,7 +96,8 @@ class Mutant:
     outcome: str = "pending"  # killed | survived | timeout | incompetent | equivalent
     seconds: float = 0.0
     why: str = ""
-    output: str = ""
+    output: str = ""  # the first failing test of a killed mutant
+    by_new_tests: bool = False  # killed, but only by the tests in NEW_KILL_TESTS
 
     def key(self):
         return self.path, self.before.strip(), self.after.strip()
@@ -182,7 +187,7 @@ def tests_for(module: str, path: str, tree: Path):
         tests = sorted(str(f.relative_to(tree)) for f in (tree / "tests/engine").glob("test_*.py"))
         tests = [t for t in tests if t not in SLOW and t not in NOT_CORE and t != KILLS] + [KILLS]
     tests = [t for t in (tests or MODULES[module]["tests"]) if (tree / t).exists()]
-    return tests or MODULES[module]["tests"]
+    return sorted(tests or MODULES[module]["tests"], key=lambda t: t in NEW_KILL_TESTS)
 
 
 def pytest_command(module: str, deselect=(), tests=None):
@@ -198,7 +203,7 @@ def all_tests(module: str, tree: Path):
     files = set()
     for rel in MODULES[module]["files"]:
         files.update(tests_for(module, rel, tree))
-    return sorted(files)
+    return sorted(files, key=lambda t: (t in NEW_KILL_TESTS, t))
 
 
 def baseline(tree: Path, module: str, tests, timeout: float):
@@ -245,7 +250,7 @@ def covering_tests(m: "Mutant", lines: dict, deselect=()):
     ids -= set(deselect)
     if ids and ids <= {""}:
         return [""]
-    return sorted(i for i in ids if i)
+    return sorted((i for i in ids if i), key=lambda i: (("tests/" + i.split("::")[0]) in NEW_KILL_TESTS, i))
 
 
 def run_mutant(tree: Path, m: Mutant, cmd, timeout: float):
@@ -274,6 +279,8 @@ def run_mutant(tree: Path, m: Mutant, cmd, timeout: float):
         if m.outcome == "killed":
             first = re.search(r"^(FAILED|ERROR) .*$", output, re.M)
             m.output = first.group(0) if first else output.strip().splitlines()[-1:][0] if output.strip() else ""
+            m.by_new_tests = any(f" {t.split('tests/', 1)[1]}" in m.output or f" {t}" in m.output
+                                 for t in NEW_KILL_TESTS)
     return m
 
 
@@ -294,11 +301,14 @@ def score(ms):
 def report(results: dict, totals: dict, deselected: dict, args, out=sys.stdout):
     w = out.write
     w(f"\n# Mutation testing (cosmic-ray; seed {args.seed}, sample {args.sample or 'all'} per module)\n\n")
-    w("| module | mutants | sampled | killed | survived | timeout | equivalent | score |\n")
-    w("| --- | --- | --- | --- | --- | --- | --- | --- |\n")
+    w("| module | mutants | sampled | killed | survived | timeout | equivalent | score | without the kill tests |\n")
+    w("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
     for module, ms in results.items():
         k, s, t, e, pct = score(ms)
-        w(f"| {module} | {totals[module]} | {len(ms)} | {k} | {s} | {t} | {e} | {pct:.1f}% |\n")
+        new = sum(m.by_new_tests for m in ms)
+        old = 100.0 * (k - new) / (k + s + t) if k + s + t else 100.0
+        w(f"| {module} | {totals[module]} | {len(ms)} | {k} | {s} | {t} | {e} | {pct:.1f}% | "
+          f"{k - new} killed, {old:.1f}% |\n")
     for module, ms in results.items():
         if deselected.get(module):
             w(f"\n{module}: tests failing on the unmutated tree, deselected: {', '.join(deselected[module])}\n")

@@ -159,3 +159,28 @@ def test_patched_inside_enable_leaves_the_global_patch_on(monkeypatch):
     finally:
         attention_core.disable()
     assert F.scaled_dot_product_attention is original
+
+
+@pytest.mark.parametrize("device_type", ["cuda", "mps", "xpu", "cpu"])
+def test_release_cached_empties_only_that_backends_cache(monkeypatch, device_type):
+    """Before a retry the allocator of the failing device, and only that one, gives its cached blocks back."""
+    from attention_core.oom import release_cached
+    import types
+    emptied = []
+    for backend in ("cuda", "mps", "xpu"):
+        fake = types.SimpleNamespace(empty_cache=lambda b=backend: emptied.append(b))
+        monkeypatch.setattr(torch, backend, fake, raising=False)
+    release_cached(types.SimpleNamespace(type=device_type))
+    assert emptied == ([] if device_type == "cpu" else [device_type])
+
+
+def test_is_oom_tells_memory_errors_from_the_rest():
+    from attention_core import AttentionMemoryError
+    from attention_core.oom import is_oom
+    assert is_oom(torch.OutOfMemoryError("CUDA out of memory"))
+    assert is_oom(MemoryError())
+    assert is_oom(RuntimeError("HIP out of memory. Tried to allocate 1.00 GiB"))
+    assert is_oom(RuntimeError("Failed to allocate 123 bytes"))
+    assert not is_oom(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    assert not is_oom(ValueError("out of memory"))  # not an allocator's error type
+    assert not is_oom(AttentionMemoryError("out of memory: the engine's own verdict is final"))
