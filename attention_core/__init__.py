@@ -11,8 +11,9 @@ from .detection import DeviceReport, detect
 from .ffn import ChunkedFFN, chunk_ffn, unchunk_ffn
 from .memory import AttentionMemoryError
 from .patch import disable, enable, is_enabled, patched
-from .sdpa import TIER_CHOICES, scaled_dot_product_attention
+from .sdpa import scaled_dot_product_attention
+from .tiers import ORDER as TIERS, TIER_CHOICES
 
 __all__ = ["scaled_dot_product_attention", "detect", "DeviceReport", "enable", "disable", "is_enabled", "patched",
-           "chunk_ffn", "unchunk_ffn", "ChunkedFFN", "AttentionMemoryError", "TIER_CHOICES"]
+           "chunk_ffn", "unchunk_ffn", "ChunkedFFN", "AttentionMemoryError", "TIERS", "TIER_CHOICES"]
 __version__ = "0.1.0"

@@ -1,166 +1,224 @@
-"""Autograd with O(N) memory: save q, k, v, O and the fp32 log-sum-exp L only; recompute scores in backward.
+"""The differentiable boundary: the engine as torch custom ops with autograd, vmap and fake (meta) rules.
 
-Per tile (FlashAttention-2 backward), with D = rowsum(dO * O):
-    P  = exp(S - L)           dV += P^T dO          dP = dO V^T
-    dS = P * (dP - D)         dQ  = scale * dS K    dK += scale * dS^T Q
-(dropout multiplies P and dP by the same keep bits / (1 - p); GQA sums dK, dV over each head group because the
-group's query heads are stacked on the rows of one GEMM; a float mask's gradient is dS summed to its shape.)
+    tiled_attention::fwd (q5, k4, v4, mask5, seed, config...) -> (O5, L, row max)
+    tiled_attention::bwd (dO5, dL, q5, k4, v4, mask5, O5, L, row max, seed, config...) -> (dq5, dk4, dv4, dmask5)
+
+Tensors are in problem.py's canonical layout; everything else is a schema type (bool, int, float, str, None), so
+torch.compile(fullgraph=True) traces through the call and tile planning (free memory, data-dependent bounds)
+happens inside the op. Autograd saves q, k, v, the mask, O and the fp32 L (and row max) only: O(N) memory.
+The ops have vmap rules (the vmapped dim folded into the batch dim); TiledAttention ties them together. A backward run with grad mode on (create_graph=True, torch.func
+transforms) takes a differentiable recompute instead (plain torch ops; it keeps the full score matrix for the
+graph, so it is O(Lq * Lk) memory); first-order backward never does.
 """
 from __future__ import annotations
 
-import dataclasses
-import logging
+from typing import Optional, Tuple
 
 import torch
-from torch.autograd.function import once_differentiable
+from torch import Tensor
 
-from .memory import AttentionMemoryError, plan_backward, tile_budget
-from .numerics import FP16_SAFE, FTZ_THRESHOLD, row_norm_max
-from .oom import is_oom, release_cached
-from .tiles import TileSource, lazy_source
+from .numerics import dropout_keep, stats_dtype
+from .ops import backward_canonical, forward_canonical
+from .problem import AttentionProblem
 
-log = logging.getLogger(__name__)
 
+
+@torch.library.custom_op("tiled_attention::fwd", mutates_args=())
+def attention_fwd(q5: Tensor, k4: Tensor, v4: Tensor, mask5: Optional[Tensor], seed: Optional[Tensor],
+                  causal: bool, causal_offset: int, scale: float, dropout_p: float, tier: str,
+                  block_q: Optional[int], block_kv: Optional[int], memory_budget: Optional[int], precision: str,
+                  flush_to_zero: Optional[bool]) -> Tuple[Tensor, Tensor, Tensor]:
+    s = int(seed.item()) if seed is not None else 0
+    return forward_canonical(q5, k4, v4, mask5, s, causal, causal_offset, scale, dropout_p, tier, block_q,
+                             block_kv, memory_budget, precision, flush_to_zero)
+
+
+@attention_fwd.register_fake
+def _attention_fwd_fake(q5, k4, v4, mask5, seed, causal, causal_offset, scale, dropout_p, tier, block_q, block_kv,
+                        memory_budget, precision, flush_to_zero):
+    B, H, G, Lq, _ = q5.shape
+    st = stats_dtype(q5.dtype)
+    return (q5.new_empty((B, H, G, Lq, v4.shape[-1])), q5.new_empty((B, H, G, Lq), dtype=st),
+            q5.new_empty((B, H, G, Lq), dtype=st))
+
+
+@torch.library.custom_op("tiled_attention::bwd", mutates_args=())
+def attention_bwd(dout5: Tensor, dlse: Optional[Tensor], q5: Tensor, k4: Tensor, v4: Tensor, mask5: Optional[Tensor],
+                  out5: Tensor, lse: Tensor, rowmax: Optional[Tensor], seed: Optional[Tensor], causal: bool,
+                  causal_offset: int, scale: float, dropout_p: float, need_dmask: bool, tier: str,
+                  block_q: Optional[int], block_kv: Optional[int], memory_budget: Optional[int], precision: str,
+                  flush_to_zero: Optional[bool]) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    s = int(seed.item()) if seed is not None else 0
+    dq, dk, dv, dm = backward_canonical(dout5, dlse, q5, k4, v4, mask5, out5, lse, rowmax, s, causal, causal_offset,
+                                        scale, dropout_p, need_dmask, tier, block_q, block_kv, memory_budget,
+                                        precision, flush_to_zero)
+    return dq, dk, dv, (dm if dm is not None else q5.new_empty((0,)))
+
+
+@attention_bwd.register_fake
+def _attention_bwd_fake(dout5, dlse, q5, k4, v4, mask5, out5, lse, rowmax, seed, causal, causal_offset, scale,
+                        dropout_p, need_dmask, *opts):
+    dm = torch.empty_like(mask5) if need_dmask and mask5 is not None else q5.new_empty((0,))
+    return torch.empty_like(q5), torch.empty_like(k4), torch.empty_like(v4), dm
+
+
+# ---- autograd ---------------------------------------------------------------------------------------------------
 
 class TiledAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q5, k4, v4, mask5, problem, num, cfg):
-        from .sdpa import run_forward  # sdpa imports this module
-        p = dataclasses.replace(problem, q5=q5, k4=k4, v4=v4, mask5=mask5)
-        res = run_forward(p, num, cfg, need_stats=True)
-        ctx.save_for_backward(q5, k4, v4, mask5, res.out, res.lse, res.rowmax)
-        ctx.problem = dataclasses.replace(problem, q5=None, k4=None, v4=None, mask5=None)
-        ctx.num, ctx.cfg = num, cfg
-        return res.out
+    """(O5, L) of tiled_attention::fwd with the recompute backward. setup_context + generate_vmap_rule make it
+    work under torch.func (grad, vmap, jacrev, hessian); torch.compile traces it (the ops inside are opaque)."""
+    generate_vmap_rule = True
 
     @staticmethod
-    @once_differentiable
-    def backward(ctx, dout):
-        q5, k4, v4, mask5, out, lse, rowmax = ctx.saved_tensors
-        p = dataclasses.replace(ctx.problem, q5=q5, k4=k4, v4=v4, mask5=mask5)
-        need_dmask = bool(ctx.needs_input_grad[3])
-        from .sdpa import no_autocast
-        with no_autocast(dout.device.type):
-            dq, dk, dv, dm = run_backward(p, ctx.num, ctx.cfg, out, lse, rowmax, dout, need_dmask)
-        return dq, dk, dv, dm, None, None, None
+    def forward(q5, k4, v4, mask5, seed, *config):
+        out5, lse, rowmax = torch.ops.tiled_attention.fwd(q5, k4, v4, mask5, seed, *config)
+        return out5, lse, rowmax
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q5, k4, v4, mask5, seed, *config = inputs
+        out5, lse, rowmax = output
+        ctx.save_for_backward(q5, k4, v4, mask5, seed, out5, lse, rowmax)
+        ctx.config = tuple(config)  # causal, causal_offset, scale, dropout_p, then the engine options
+
+    @staticmethod
+    def backward(ctx, dout5, dlse, _drowmax):
+        q5, k4, v4, mask5, seed, out5, lse, rowmax = ctx.saved_tensors
+        causal, causal_offset, scale, dropout_p, *opts = ctx.config
+        need_dmask = mask5 is not None and bool(ctx.needs_input_grad[3])
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                           for t in (dout5, dlse, q5, k4, v4, mask5)):
+            dq, dk, dv, dm = differentiable_backward(dout5, dlse, q5, k4, v4, mask5, seed, causal, causal_offset,
+                                                     scale, dropout_p, need_dmask)
+        else:
+            dq, dk, dv, dm = torch.ops.tiled_attention.bwd(dout5, dlse, q5, k4, v4, mask5, out5, lse, rowmax, seed,
+                                                           causal, causal_offset, scale, dropout_p, need_dmask, *opts)
+        return (dq, dk, dv, dm if need_dmask else None) + (None,) * (1 + len(ctx.config))
 
 
-def run_backward(p, num, cfg, out, lse, rowmax, dout, need_dmask):
-    """Gradients for q5, k4, v4 (and mask5), retrying with smaller tiles on out-of-memory."""
-    whole = lazy_source(p, num)  # not built when the plan splits heads
-    budget = tile_budget(p.device, cfg.memory_budget)
-    plan = plan_backward(p, num, budget, cfg.block_q, cfg.block_kv)
-    while plan is not None:
-        try:
-            if plan.block_h >= p.Hkv:
-                return _backward(whole(), out, lse, rowmax, dout, plan.block_q, plan.block_kv, need_dmask)
-            return _backward_by_heads(p, num, out, lse, rowmax, dout, plan, need_dmask)
-        except Exception as e:  # noqa: BLE001 - only out-of-memory is retried
-            if not is_oom(e):
-                raise
-            release_cached(p.device)
-            log.info("attention backward out of memory at tiles %dx%d; retrying smaller", plan.block_q,
-                     plan.block_kv)
-            plan = plan.smaller()
-    raise AttentionMemoryError(
-        f"Tiled attention backward: even {16}x{16} tiles do not fit for {p.describe()} within a budget of "
-        f"{budget / 2**20:.0f} MB. Free memory (smaller batch, fewer frames or a lower resolution) or raise "
-        f"memory_budget.")
+def tiled_attention(q5, k4, v4, mask5, seed, *config):
+    """(O5, L): the differentiable engine call in the canonical layout (config as tiled_attention::fwd)."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q5, k4, v4, mask5)):
+        out5, lse, _ = TiledAttention.apply(q5, k4, v4, mask5, seed, *config)
+    else:  # nothing to differentiate: the op alone (torch.compile cannot trace a Function without grads)
+        out5, lse, _ = torch.ops.tiled_attention.fwd(q5, k4, v4, mask5, seed, *config)
+    return out5, lse
 
 
-def _backward_by_heads(p, num, out, lse, rowmax, dout, plan, need_dmask):
-    """The backward head group by head group; a mask without heads collects its gradient over all groups."""
-    dq = torch.empty(p.q5.shape, dtype=p.q5.dtype, device=p.device)
-    dk = torch.empty(p.k4.shape, dtype=p.k4.dtype, device=p.device)
-    dv = torch.empty(p.v4.shape, dtype=p.v4.dtype, device=p.device)
-    dmask = torch.zeros(p.mask5.shape, dtype=p.mask5.dtype, device=p.device) if need_dmask else None
-    for h0 in range(0, p.Hkv, plan.block_h):
-        h1 = min(p.Hkv, h0 + plan.block_h)
-        sub = p.head_group(h0, h1)
-        rm = rowmax[:, h0:h1] if rowmax is not None else None
-        gq, gk, gv, gm = _backward(TileSource(sub, num), out[:, h0:h1], lse[:, h0:h1], rm, dout[:, h0:h1],
-                                   plan.block_q, plan.block_kv, need_dmask)
-        dq[:, h0:h1], dk[:, h0:h1], dv[:, h0:h1] = gq, gk, gv
-        if dmask is not None:
-            if dmask.shape[1] != 1:
-                dmask[:, h0:h1] = gm
-            else:
-                dmask += gm
-    return dq, dk, dv, dmask
+def differentiable_backward(dout5, dlse, q5, k4, v4, mask5, seed, causal, causal_offset, scale, dropout_p,
+                            need_dmask):
+    """The same gradients written in plain differentiable torch ops (no autograd.grad, no in-place), so they can
+    be differentiated again (gradient penalties) and run under torch.func. Keeps O(Lq * Lk) for the graph.
+    dS = P * (dP - rowsum(dO * O) + dL), dQ = scale dS K, dK = scale dS^T Q, dV = P_drop^T dO, dMask = dS."""
+    st = stats_dtype(q5.dtype)
+    q, k, v = q5.to(st), k4.to(st).unsqueeze(2), v4.to(st).unsqueeze(2)  # k, v broadcast over the G heads
+    prob, lse = _probabilities(q, k, mask5, causal, causal_offset, scale)
+    keep = _keep_scale(q5, k4, seed, dropout_p)
+    pd = prob if keep is None else prob * keep
+    do = dout5.to(st)
+    out = torch.matmul(pd, v)
+    dv = torch.matmul(pd.transpose(-1, -2), do).sum(2)
+    dp = torch.matmul(do, v.transpose(-1, -2))
+    if keep is not None:
+        dp = dp * keep
+    delta = (do * out).sum(-1, keepdim=True)
+    if dlse is not None:
+        delta = delta - dlse.to(st).unsqueeze(-1)
+    ds = prob * (dp - delta)
+    dq = torch.matmul(ds, k) * scale
+    dk = torch.matmul(ds.transpose(-1, -2), q).sum(2) * scale
+    dm = None
+    if need_dmask:
+        dims = tuple(d for d in range(5) if mask5.shape[d] == 1 and ds.shape[d] != 1)
+        dm = (ds.sum(dim=dims, keepdim=True) if dims else ds).to(mask5.dtype)
+    return dq.to(q5.dtype), dk.to(k4.dtype), dv.to(v4.dtype), dm
 
 
-def _backward_dtype(src: TileSource, dout: torch.Tensor, block_q: int, block_kv: int):
-    """Matmul dtype of the backward: the compute dtype unless fp16 partial sums could overflow."""
-    num, p = src.num, src.p
-    if num.compute != torch.float16:
-        return num.compute
-    rows = p.G * block_q
-    dpmax = row_norm_max(dout) * row_norm_max(p.v4) / max(1e-6, 1.0 - p.dropout_p)
-    qmax = row_norm_max(p.q5) * abs(p.scale)
-    bounds = (rows * float(dout.detach().abs().max()) / max(1e-6, 1.0 - p.dropout_p),  # dV partial sums
-              dpmax,  # dP
-              2 * dpmax * block_kv * src.kmax * abs(p.scale),  # dQ partial sums
-              2 * dpmax * rows * qmax)  # dK partial sums
-    return torch.float16 if max(bounds) < FP16_SAFE and src._global_ok else torch.float32
+def _probabilities(q, k, mask5, causal, causal_offset, scale):
+    """(P (B, H, G, Lq, Lk), L (B, H, G, Lq)) in differentiable ops; rows with no visible key: P = 0, L = -inf."""
+    s = torch.matmul(q * scale, k.transpose(-1, -2))
+    Lq, Lk = s.shape[-2], s.shape[-1]
+    if mask5 is not None:
+        s = s.masked_fill(~mask5, float("-inf")) if mask5.dtype == torch.bool else s + mask5.to(s.dtype)
+    if causal:
+        rows = torch.arange(Lq, device=s.device).view(-1, 1) + causal_offset
+        s = s.masked_fill(torch.arange(Lk, device=s.device).view(1, -1) > rows, float("-inf"))
+    m = s.detach().amax(-1, keepdim=True)
+    m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+    e = torch.exp(s - m)
+    l = e.sum(-1, keepdim=True)
+    empty = l == 0
+    l_safe = torch.where(empty, torch.ones_like(l), l)
+    lse = torch.where(empty, torch.full_like(l, float("-inf")), m + torch.log(l_safe)).squeeze(-1)
+    return e / l_safe, lse
 
 
-def _backward(src: TileSource, out, lse, rowmax, dout, block_q, block_kv, need_dmask):
-    p, num = src.p, src.num
-    st = num.stats
-    cd = _backward_dtype(src, dout, block_q, block_kv)
-    B, H, G, Ev, E = p.B, p.Hkv, p.G, p.Ev, p.E
-    delta = (dout.to(st) * out.to(st)).sum(-1)  # D = rowsum(dO * O), (B, H, G, Lq)
-    do_c = dout.to(cd)
-    dq = torch.empty(p.q5.shape, dtype=p.q5.dtype, device=p.device)
-    dk = torch.zeros(B, H, p.Lk, E, dtype=st, device=p.device)
-    dv = torch.zeros(B, H, p.Lk, Ev, dtype=st, device=p.device)
-    dmask = torch.zeros(p.mask5.shape, dtype=st, device=p.device) if need_dmask else None
-    k = src.k if src.k.dtype == cd else src.k32
-    drop = p.dropout_p > 0
-    inv_keep = 1.0 / (1.0 - p.dropout_p) if drop else 1.0
-    for i0 in range(0, p.Lq, block_q):
-        i1 = min(p.Lq, i0 + block_q)
-        bq, rows = i1 - i0, G * (i1 - i0)
-        kend = p.key_end(i1)
-        qt = src.query_tile(i0, i1, cd)
-        dot = do_c[:, :, :, i0:i1].reshape(B, H, rows, Ev)
-        L = lse[:, :, :, i0:i1].unsqueeze(-1)
-        D = delta[:, :, :, i0:i1].unsqueeze(-1)
-        m = rowmax[:, :, :, i0:i1].unsqueeze(-1) if rowmax is not None else None
-        dq_t = torch.zeros(B, H, rows, E, dtype=st, device=p.device)
-        for j0 in range(0, kend, block_kv):
-            j1 = min(kend, j0 + block_kv)
-            bk = j1 - j0
-            s = src.scores(qt, i0, i1, j0, j1).to(st)
-            flushed = (s - m) < FTZ_THRESHOLD if num.ftz and m is not None else None
-            prob = s.sub_(L).exp_()  # exp(-inf) = 0 for masked keys and for rows with L = +inf
-            if flushed is not None:
-                prob.masked_fill_(flushed, 0.0)
-                del flushed
-            keep = src.keep(i0, i1, j0, j1) if drop else None
-            pd = prob.masked_fill(~keep, 0.0).mul_(inv_keep) if drop else prob
-            dv[:, :, j0:j1] += torch.matmul(pd.view(B, H, rows, bk).transpose(-1, -2).to(cd), dot).to(st)
-            del pd
-            vt = src.value(j0, j1, cd)
-            dp = torch.matmul(dot, vt.transpose(-1, -2)).view(B, H, G, bq, bk).to(st)
-            if drop:
-                dp.masked_fill_(~keep, 0.0).mul_(inv_keep)
-            ds = prob.mul_(dp.sub_(D))  # dS = P * (dP - D), in the weights' storage
-            del dp
-            if dmask is not None:
-                _accumulate_mask_grad(dmask, ds, i0, i1, j0, j1)
-            ds_c = ds.view(B, H, rows, bk).to(cd)
-            dq_t += torch.matmul(ds_c, k[:, :, j0:j1]).to(st)
-            dk[:, :, j0:j1] += torch.matmul(ds_c.transpose(-1, -2), qt).to(st)
-            del ds, ds_c
-        dq[:, :, :, i0:i1] = (dq_t * p.scale).view(B, H, G, bq, E)
-    return dq, dk.to(p.k4.dtype), dv.to(p.v4.dtype), (dmask.to(p.mask5.dtype) if dmask is not None else None)
+def _keep_scale(q5, k4, seed, dropout_p):
+    """keep bits / (1 - p) of the whole problem (as the tiles draw them), or None without dropout."""
+    if dropout_p <= 0:
+        return None
+    if dropout_p >= 1:
+        return torch.zeros((), dtype=stats_dtype(q5.dtype), device=q5.device)
+    p = AttentionProblem(q5=q5, k4=k4, v4=k4, mask5=None, causal=False, scale=1.0, dropout_p=dropout_p,
+                         dropout_seed=int(seed.item()) if seed is not None else 0, out_shape=(), squeeze_2d=False)
+    Lq, Lk = q5.shape[3], k4.shape[2]
+    rows = torch.arange(Lq, device=q5.device, dtype=torch.int64).view(-1, 1)
+    cols = torch.arange(Lk, device=q5.device, dtype=torch.int64).view(1, -1)
+    keep = dropout_keep(p.dropout_seed, dropout_p, p.head_index(), rows, cols, Lq, Lk)
+    return keep.to(stats_dtype(q5.dtype)) / (1.0 - dropout_p)
 
 
-def _accumulate_mask_grad(dmask: torch.Tensor, ds: torch.Tensor, i0, i1, j0, j1):
-    """dMask = dS summed over the dims the mask broadcasts along."""
-    dims = tuple(d for d in range(5) if dmask.shape[d] == 1 and ds.shape[d] != 1)
-    g = ds.sum(dim=dims, keepdim=True) if dims else ds
-    rows = slice(i0, i1) if dmask.shape[3] != 1 else slice(None)
-    cols = slice(j0, j1) if dmask.shape[4] != 1 else slice(None)
-    dmask[:, :, :, rows, cols] += g
+# ---- vmap: fold the vmapped dim into the batch dim --------------------------------------------------------------
+
+def _batched(x, d, n):
+    """x with the vmapped dim first (expanded when x is not vmapped), or None."""
+    if x is None:
+        return None
+    return x.movedim(d, 0) if d is not None else x.unsqueeze(0).expand(n, *x.shape)
+
+
+def _fold(x):
+    return None if x is None else x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+
+
+def _fold_mask(mask5, d, n, B, per_sample: bool):
+    """The mask for the folded batch: unchanged when not vmapped (it broadcasts), else (n*B, ...)."""
+    if mask5 is None or (d is None and not per_sample):
+        return mask5
+    m = _batched(mask5, d, n)
+    return _fold(m.expand(n, B, *m.shape[2:]) if m.shape[1] != B else m)
+
+
+def _fwd_vmap(info, in_dims, q5, k4, v4, mask5, seed, *config):
+    n = info.batch_size
+    if in_dims[4] is not None:
+        raise RuntimeError("tiled attention under vmap: the dropout seed cannot be vmapped")
+    B = _batched(q5, in_dims[0], n).shape[1]
+    q, k, v = (_fold(_batched(t, d, n)) for t, d in zip((q5, k4, v4), in_dims[:3]))
+    m = _fold_mask(mask5, in_dims[3], n, B, False)
+    out, lse, rowmax = torch.ops.tiled_attention.fwd(q, k, v, m, seed, *config)
+    return tuple(t.view(n, B, *t.shape[1:]) for t in (out, lse, rowmax)), (0, 0, 0)
+
+
+def _bwd_vmap(info, in_dims, dout5, dlse, q5, k4, v4, mask5, out5, lse, rowmax, seed, causal, causal_offset, scale,
+              dropout_p, need_dmask, *opts):
+    n = info.batch_size
+    if in_dims[9] is not None:
+        raise RuntimeError("tiled attention under vmap: the dropout seed cannot be vmapped")
+    B = _batched(q5, in_dims[2], n).shape[1]
+    args = [_fold(_batched(t, d, n)) for t, d in zip((dout5, dlse, q5, k4, v4), in_dims[:5])]
+    m = _fold_mask(mask5, in_dims[5], n, B, need_dmask)
+    rest = [_fold(_batched(t, d, n)) for t, d in zip((out5, lse, rowmax), in_dims[6:9])]
+    dq, dk, dv, dm = torch.ops.tiled_attention.bwd(*args, m, *rest, seed, causal, causal_offset, scale, dropout_p,
+                                                   need_dmask, *opts)
+    res = [t.view(n, B, *t.shape[1:]) for t in (dq, dk, dv)]
+    if need_dmask:
+        dm = dm.view(n, B, *dm.shape[1:])
+        if _batched(mask5, in_dims[5], n).shape[1] == 1 and B != 1:  # the mask broadcast over the batch
+            dm = dm.sum(1, keepdim=True)
+        return (*res, dm), (0, 0, 0, 0)
+    return (*res, dm), (0, 0, 0, None)
+
+
+torch.library.register_vmap("tiled_attention::fwd", _fwd_vmap)
+torch.library.register_vmap("tiled_attention::bwd", _bwd_vmap)

@@ -1,13 +1,38 @@
 """Exact token-chunked feed-forward: y[:, a:b] = ffn(x[:, a:b]), since a feed-forward acts on each token alone.
 
-The hidden activation (tokens x 4*dim, often the largest tensor of a video DiT block) then lives one chunk at
-a time. On its first call the chunked forward checks on a small slice that chunking changes nothing (a module
-that mixes tokens fails the check) and passes through unchunked for good if it does.
+The hidden activation (tokens x 4*dim, often the largest tensor of a video DiT block) then lives one chunk at a
+time. Chunking is only exact for a module that really is token-wise, so each new call signature (input shape,
+dtype, device, the extra arguments' shapes, train/eval mode) is checked before it is ever chunked; a module that
+fails, or a call the check cannot decide, runs unchunked.
+
+Why the check is what it is (no check short of running every call unchunked proves token-wise-ness of a black
+box: a module can be token-wise on some inputs only). The check compares two different token partitions of the
+same input, P (the chunks actually used) and Q (a single-token piece, then boundaries half-way inside P's
+pieces, so every piece length and boundary differs from P's), on the call's own input and on a random input of
+the same signature (per-feature mean and spread of the real one). If the output of a token depended on any
+other token of its piece, or on the piece's length or position, P and Q would differ; the real input covers
+the values the module actually sees (a module can behave differently on other values), the random one breaks
+structure that can hide mixing (padding and register tokens, repeated blocks). A call whose tokens are all
+identical cannot show mixing at all: it is run unchunked and decides nothing. Every probe runs on chunks only,
+so the check never allocates the unchunked hidden activation (that would defeat chunking, which exists
+because that activation does not fit). What it cannot see: a module whose behaviour switches on values never
+seen in the probes, or on the full length alone (P and Q are both shorter); those are not feed-forwards.
+
+Cost: the first call of each signature runs the forward four extra times (two partitions of two inputs), on
+chunks only; later calls of that signature cost one dictionary look-up.
+
+The probes run with gradients off, the module's forward hooks set aside, and its buffers and plain attributes
+restored afterwards, so they leave the module as they found it (BatchNorm statistics, counters, caches).
+Calls the chunking cannot represent (no tensor input, tokens along the last axis, a tensor argument with a
+per-token axis, outputs that are not one tensor with one row per input token) run unchunked.
 """
 from __future__ import annotations
 
+import contextlib
+import copy
 import logging
 import math
+from collections import OrderedDict
 
 import torch
 
@@ -15,9 +40,10 @@ from .memory import free_memory
 
 log = logging.getLogger(__name__)
 
-CHECK_TOKENS = 8
 # share of free memory one chunk's hidden activation may take when chunks=0 (auto)
 AUTO_SHARE = 0.25
+# verdicts kept per wrapper (distinct call signatures); the oldest is forgotten first
+MAX_SIGNATURES = 64
 
 
 def hidden_features(module: torch.nn.Module) -> int:
@@ -28,29 +54,158 @@ def hidden_features(module: torch.nn.Module) -> int:
     return max(widths or [0])
 
 
+def _tolerance(dtype: torch.dtype) -> float:
+    """Relative difference two partitions of a token-wise module may show (GEMM blocking depends on the row
+    count): a few units in the last place of the compute dtype, scaled by the output's largest magnitude."""
+    return 1e-5 if dtype in (torch.float32, torch.float64) else 2e-2
+
+
+def _close(a, b) -> bool:
+    """Same shape and dtype, non-finite values in the same places and equal, and max |a - b| within the
+    tolerance times max |a| over the finite ones."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape \
+            or a.dtype != b.dtype:
+        return False
+    if not a.is_floating_point() or a.numel() == 0:
+        return torch.equal(a, b)
+    a, b = a.detach(), b.detach()
+    finite = torch.isfinite(a)
+    if not torch.equal(finite, torch.isfinite(b)):
+        return False
+    if not bool(finite.all()):
+        if not torch.equal(a[~finite].nan_to_num(0.0, 1.0, -1.0), b[~finite].nan_to_num(0.0, 1.0, -1.0)):
+            return False
+        a, b = a.masked_fill(~finite, 0.0), b.masked_fill(~finite, 0.0)
+    compute = torch.float64 if a.dtype == torch.float64 else torch.float32
+    diff = float((a.to(compute) - b.to(compute)).abs().max())
+    scale = float(a.abs().max())
+    return diff <= _tolerance(a.dtype) * max(scale, 1e-30)
+
+
+@contextlib.contextmanager
+def _state_preserved(module):
+    """Run the block, then put back the module tree's buffers (values, in place), plain attributes and hook
+    dicts as they were; forward hooks and pre-hooks are set aside while it runs."""
+    if not isinstance(module, torch.nn.Module):
+        yield
+        return
+    saved = []
+    for m in module.modules():
+        attrs = {k: (copy.copy(v) if isinstance(v, (list, dict, set)) and not k.startswith("_") else v)
+                 for k, v in m.__dict__.items()}
+        buffers = [(t, t.detach().clone()) for t in m._buffers.values() if isinstance(t, torch.Tensor)]
+        saved.append((m, attrs, buffers))
+        for hooks in ("_forward_hooks", "_forward_pre_hooks"):
+            if m.__dict__.get(hooks):
+                object.__setattr__(m, hooks, OrderedDict())
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for m, attrs, buffers in saved:
+                m.__dict__.clear()
+                m.__dict__.update(attrs)
+                for t, value in buffers:
+                    if t.shape == value.shape:
+                        t.copy_(value)
+
+
+def _signature_of(v):
+    if isinstance(v, torch.Tensor):
+        return ("T", tuple(v.shape), v.dtype, v.device)
+    if isinstance(v, (list, tuple)):
+        return (type(v).__name__,) + tuple(_signature_of(e) for e in v)
+    if isinstance(v, dict):
+        return ("dict",) + tuple((k, _signature_of(e)) for k, e in sorted(v.items(), key=lambda kv: str(kv[0])))
+    try:
+        hash(v)
+        return v
+    except TypeError:
+        return ("id", id(v))
+
+
+def _tensors_in(v):
+    if isinstance(v, torch.Tensor):
+        yield v
+    elif isinstance(v, (list, tuple)):
+        for e in v:
+            yield from _tensors_in(e)
+    elif isinstance(v, dict):
+        for e in v.values():
+            yield from _tensors_in(e)
+
+
+def _random_like(x: torch.Tensor) -> torch.Tensor:
+    """Gaussian tokens with the per-feature mean and spread of x (fixed seed, drawn on x's device)."""
+    reduce = list(range(x.dim() - 1))
+    std, mean = torch.std_mean(x.detach(), dim=reduce, keepdim=True)
+    std = std.float().nan_to_num(0.0).clamp_min(1e-3)
+    try:
+        gen = torch.Generator(device=x.device).manual_seed(0x7F4A7C15)
+        noise = torch.randn(x.shape, generator=gen, device=x.device, dtype=x.dtype)
+    except RuntimeError:  # a device without its own generator
+        gen = torch.Generator().manual_seed(0x7F4A7C15)
+        noise = torch.randn(x.shape, generator=gen, dtype=x.dtype).to(x.device)
+    return noise.mul_(std.to(x.dtype)).add_(mean)
+
+
+def _pieces_q(n: int, p_sizes) -> list:
+    """Piece lengths of the second partition: a single-token piece, then cuts half-way inside P's pieces."""
+    cuts, pos = {1}, 0
+    for s in p_sizes:
+        if s >= 2:
+            cuts.add(pos + s // 2)
+        pos += s
+    cuts = sorted(c for c in cuts if 0 < c < n)
+    bounds = [0] + cuts + [n]
+    return [b - a for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
 class ChunkedFFN:
     """A forward replacement: call the wrapped forward on token chunks along `dim` and concatenate.
 
     chunks: number of chunks, 0 = from free memory at call time. It is a plain callable (no parameters), so
     installing it as `module.forward` leaves the module's parameters and state-dict keys untouched.
+    module: the module whose state the check must preserve (default: the bound forward's owner).
+    copy.deepcopy copies the wrapped forward with the memo, so a deep copy of the module computes with the copy's
+    own parameters.
     """
 
-    def __init__(self, forward, chunks: int = 0, dim: int = 1, hidden: int = 0, name: str = "ffn"):
+    def __init__(self, forward, chunks: int = 0, dim: int = 1, hidden: int = 0, name: str = "ffn", module=None):
         if chunks < 0:
             raise ValueError(f"chunks must be >= 0 (0 = auto), got {chunks}")
-        self.forward = forward
+        self._forward = forward
+        self.module = module
         self.chunks = int(chunks)
         self.dim = dim
         self.hidden = hidden
         self.name = name
-        self.verified = None  # None: not yet checked, True: exact, False: mixes tokens -> pass through
+        self.verdicts: OrderedDict = OrderedDict()  # signature -> True (chunk) / False (run unchunked)
         self.calls_chunked = 0
 
-    def __deepcopy__(self, memo):  # ComfyUI deep-copies model options on clone; the wrapped module is shared
-        return self
+    @property
+    def forward(self):
+        return self._forward
 
-    def chunk_count(self, x: torch.Tensor) -> int:
-        n = x.shape[self.dim]
+    @forward.setter
+    def forward(self, fn):  # another function: every verdict is about the old one
+        self._forward = fn
+        self.verdicts.clear()
+
+    @property
+    def verified(self):
+        """Verdict of the latest checked signature (None before any)."""
+        return next(reversed(self.verdicts.values())) if self.verdicts else None
+
+    def owner(self):
+        if self.module is not None:
+            return self.module
+        owner = getattr(self._forward, "__self__", None)
+        return owner if isinstance(owner, torch.nn.Module) else None
+
+    def chunk_count(self, x: torch.Tensor, dim: int = None) -> int:
+        dim = self.dim if dim is None else dim
+        n = x.shape[dim]
         if self.chunks > 0:
             return min(self.chunks, n)
         hidden = self.hidden or x.shape[-1] * 4
@@ -59,49 +214,114 @@ class ChunkedFFN:
         free = free_memory(x.device) or (4 << 30)
         return max(1, min(n, math.ceil(act_bytes / max(1, free * AUTO_SHARE))))
 
-    def _verify(self, x: torch.Tensor, args, kwargs) -> bool:
-        n = x.shape[self.dim]
-        if n < 2:
-            return True
-        probe = x.narrow(self.dim, 0, min(n, CHECK_TOKENS))
-        with torch.no_grad():
-            whole = self.forward(probe, *args, **kwargs)
-            parts = torch.cat([self.forward(c, *args, **kwargs) for c in probe.chunk(2, dim=self.dim)], dim=self.dim)
-        tol = 1e-5 if x.dtype in (torch.float32, torch.float64) else 2e-2
-        ok = isinstance(whole, torch.Tensor) and whole.shape == parts.shape and torch.allclose(
-            whole.float(), parts.float(), rtol=tol, atol=tol)
-        if not ok:
-            log.warning("%s: chunked output differs from the unchunked one (the module mixes tokens); running it "
-                        "unchunked", self.name)
-        return ok
-
-    def __call__(self, x, *args, **kwargs):
-        if not isinstance(x, torch.Tensor) or x.dim() < 2:
-            return self.forward(x, *args, **kwargs)
-        if self.verified is None:
-            self.verified = self._verify(x, args, kwargs)
-        chunks = self.chunk_count(x) if self.verified else 1
-        if chunks <= 1:
-            return self.forward(x, *args, **kwargs)
-        self.calls_chunked += 1
-        pieces = x.chunk(chunks, dim=self.dim)
-        first = self.forward(pieces[0], *args, **kwargs)
-        shape = list(first.shape)
-        shape[self.dim] = x.shape[self.dim]
-        out = first.new_empty(shape)
-        pos = 0
-        for i, piece in enumerate(pieces):
-            y = first if i == 0 else self.forward(piece, *args, **kwargs)
-            out.narrow(self.dim, pos, y.shape[self.dim]).copy_(y)
-            pos += y.shape[self.dim]
+    # -- the chunked computation -------------------------------------------------------------------------
+    def _run(self, x, sizes, dim, args, kwargs):
+        """Concatenated outputs of the forward on pieces of `sizes` tokens; None when an output is not one
+        tensor with one row per input token (then chunking cannot represent the module)."""
+        out, pos, first_shape = None, 0, None
+        for size in sizes:
+            y = self._forward(x.narrow(dim, pos, size), *args, **kwargs)
+            if not isinstance(y, torch.Tensor) or y.dim() != x.dim() or y.shape[dim] != size:
+                return None
+            rest = y.shape[:dim] + y.shape[dim + 1:]
+            if first_shape is None:
+                first_shape = rest
+                shape = list(y.shape)
+                shape[dim] = x.shape[dim]
+                out = y.new_empty(shape) if len(sizes) > 1 else y
+            elif rest != first_shape or y.dtype != out.dtype or y.device != out.device:
+                return None
+            if len(sizes) > 1:
+                out.narrow(dim, pos, size).copy_(y)
+            pos += size
             del y
         return out
+
+    def _check(self, x, p_sizes, dim, args, kwargs):
+        """True: both partitions agree on the real and a random input; False: they differ or an output cannot
+        be chunked; None: cannot decide (all tokens identical)."""
+        first = x.narrow(dim, 0, 1)
+        if torch.equal(x, first.expand_as(x)):
+            return None
+        q_sizes = _pieces_q(x.shape[dim], p_sizes)
+        random_x = _random_like(x)
+        try:
+            with torch.no_grad(), _state_preserved(self.owner()):
+                for probe in (x, random_x):
+                    a = self._run(probe, p_sizes, dim, args, kwargs)
+                    if a is None:
+                        return False
+                    b = self._run(probe, q_sizes, dim, args, kwargs)
+                    if not _close(a, b):
+                        return False
+                    del a, b
+        except torch.OutOfMemoryError:
+            return None
+        except Exception as e:  # noqa: BLE001 - a module that cannot run on pieces is run whole
+            log.info("%s: the forward fails on token chunks (%s); running it unchunked", self.name, e)
+            return False
+        return True
+
+    def _token_dim(self, x):
+        """The token axis, or None when this call cannot be chunked (then the plain call runs)."""
+        if not isinstance(x, torch.Tensor) or x.dim() < 2 or not isinstance(self.dim, int):
+            return None
+        if not -x.dim() <= self.dim < x.dim():
+            return None
+        dim = self.dim % x.dim()
+        if dim == x.dim() - 1:  # the feature axis (e.g. a 2-D (tokens, features) input with dim=1)
+            return None
+        return dim
+
+    def __call__(self, x, *args, **kwargs):
+        dim = self._token_dim(x)
+        if dim is None or not x.is_floating_point():
+            return self._forward(x, *args, **kwargs)
+        n = x.shape[dim]
+        chunks = self.chunk_count(x, dim)
+        if chunks <= 1 or n < 2:
+            return self._forward(x, *args, **kwargs)
+        if any(t.dim() > dim and t.shape[dim] == n for t in _tensors_in((args, kwargs))):
+            return self._forward(x, *args, **kwargs)  # a per-token argument: pieces would not line up
+        p_sizes = [p.shape[dim] for p in x.chunk(chunks, dim=dim)]
+        owner = self.owner()
+        key = (_signature_of(x), _signature_of(args), _signature_of(kwargs),
+               bool(owner.training) if owner is not None else None)
+        verdict = self.verdicts.get(key)
+        if verdict is None:
+            verdict = self._check(x, p_sizes, dim, args, kwargs)
+            if verdict is not None:
+                self.verdicts[key] = verdict
+                while len(self.verdicts) > MAX_SIGNATURES:
+                    self.verdicts.popitem(last=False)
+                if not verdict:
+                    log.warning("%s: chunked output differs from the unchunked one or cannot be assembled (the "
+                                "module mixes tokens or changes their number); running it unchunked", self.name)
+        else:
+            self.verdicts.move_to_end(key)
+        if not verdict:
+            return self._forward(x, *args, **kwargs)
+        out = self._run(x, p_sizes, dim, args, kwargs)
+        if out is None:  # shapes changed since the check: the plain call is the answer
+            self.verdicts[key] = False
+            return self._forward(x, *args, **kwargs)
+        self.calls_chunked += 1
+        return out
+
+    def __deepcopy__(self, memo):
+        new = copy.copy(self)
+        memo[id(self)] = new
+        new._forward = copy.deepcopy(self._forward, memo)
+        new.module = copy.deepcopy(self.module, memo)
+        new.verdicts = OrderedDict(self.verdicts)
+        return new
 
 
 def chunk_ffn(module: torch.nn.Module, chunks: int = 0, dim: int = 1) -> ChunkedFFN:
     """Install a ChunkedFFN as `module.forward` (an instance attribute; the class forward is untouched)."""
     if isinstance(module.__dict__.get("forward"), ChunkedFFN):
         module.forward.chunks = chunks
+        module.forward.dim = dim
         return module.forward
     wrapper = ChunkedFFN(module.forward, chunks=chunks, dim=dim, hidden=hidden_features(module),
                          name=type(module).__name__)

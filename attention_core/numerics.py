@@ -21,7 +21,8 @@ FP16_MAX = 65504.0
 FP16_SAFE = FP16_MAX / 2
 
 HALF = (torch.float16, torch.bfloat16)
-PRECISIONS = ("auto", "keep", "fp16", "fp32")
+PRECISIONS = ("auto", "input", "fp16", "fp32")
+DEPRECATED_PRECISIONS = {"keep": "input"}  # old engine name; the node's half_precision="keep" means "auto"
 
 
 @dataclass(frozen=True)
@@ -42,10 +43,11 @@ def choose_numerics(dtype: torch.dtype, device: torch.device, precision: str = "
 
     precision: "auto"  - half inputs stay half on accelerators; bf16 becomes fp16 where the device lacks bf16
                          hardware (values permitting); on the CPU half inputs compute in fp32 (faster there).
-               "keep"  - compute in the input dtype.
+               "input" - compute in the input dtype as it is (also on the CPU). "keep" is a deprecated alias.
                "fp16"  - bf16 -> fp16 when every value fits fp16's range, else fp32.
                "fp32"  - compute half inputs in fp32.
     """
+    precision = DEPRECATED_PRECISIONS.get(precision, precision)
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     compute = dtype

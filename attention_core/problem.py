@@ -8,6 +8,9 @@ over the leading dims, GQA over heads, and a mask broadcastable to (*batch, Hq, 
     v4    (B, Hkv, Lk, Ev)
     mask5 (Bm, Hm, Gm, Mq, Mk)  each dim either full or 1, so it broadcasts against a score tile
 
+Causal masks: is_causal=True and torch's CausalBias upper-left mean key j is visible to query i iff j <= i;
+CausalBias lower-right iff j <= i + (Lk - Lq) (causal_offset), without a mask tensor in either case.
+
 GQA is never materialised: the G query heads of one kv head are stacked along the rows of one GEMM
 ((G*bq) x E @ E x Lk). Every reshape here is a view unless the caller broadcast a batch or head dim.
 """
@@ -32,6 +35,7 @@ class AttentionProblem:
     dropout_seed: int
     out_shape: tuple  # shape of the result in the caller's layout (before squeezing a 2-D call)
     squeeze_2d: bool
+    causal_offset: int = 0  # causal: key j is visible to query i iff j <= i + causal_offset
     head_offset: int = 0  # for a head group of a larger problem: its first kv head there ...
     heads_total: int = 0  # ... and how many kv heads that problem has (0: this problem is whole)
 
@@ -96,8 +100,9 @@ class AttentionProblem:
                        head_offset=self.head_offset + h0, heads_total=self.heads_total or self.Hkv)
 
     def key_end(self, i1: int) -> int:
-        """Keys a query tile ending (exclusive) at row i1 can see: all, or up to i1 with causal (top-left)."""
-        return min(self.Lk, i1) if self.causal else self.Lk
+        """Keys a query tile ending (exclusive) at row i1 can see: all, or up to i1 + causal_offset with causal
+        (at least one, masked, so a tile is never empty)."""
+        return max(1, min(self.Lk, i1 + self.causal_offset)) if self.causal else self.Lk
 
     def mask_tile(self, i0: int, i1: int, j0: int, j1: int) -> Optional[torch.Tensor]:
         m = self.mask5
@@ -120,9 +125,29 @@ def _broadcast(a: int, b: int, what: str) -> int:
     raise _sdpa_error(f"{what} sizes {a} and {b} do not broadcast")
 
 
+def causal_bias(attn_mask, is_causal: bool, Lq: int, Lk: int, device=None):
+    """torch.nn.attention.bias.CausalBias as torch's SDPA treats it -> (attn_mask, is_causal, causal_offset)."""
+    try:
+        from torch.nn.attention.bias import CausalBias, CausalVariant
+    except ImportError:  # older torch: no CausalBias
+        return attn_mask, is_causal, 0
+    if not isinstance(attn_mask, CausalBias):
+        return attn_mask, is_causal, 0
+    if is_causal:
+        raise ValueError("CausalBias should not be used with causal=True")
+    if attn_mask.seq_len_q == attn_mask.seq_len_kv or attn_mask.variant == CausalVariant.UPPER_LEFT:
+        return None, True, 0
+    if attn_mask.variant == CausalVariant.LOWER_RIGHT:
+        if (attn_mask.seq_len_q, attn_mask.seq_len_kv) == (Lq, Lk):
+            return None, True, Lk - Lq
+        return attn_mask._materialize(device).as_subclass(torch.Tensor), False, 0  # torch's own broadcast errors
+    raise ValueError(f"CausalBias.variant must be a CausalVariant type, but found: {attn_mask.variant}")
+
+
 def normalize(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-              enable_gqa=False) -> AttentionProblem:
-    """Validate arguments with torch's rules and build the canonical problem (differentiable views)."""
+              enable_gqa=False, draw_seed: bool = True) -> AttentionProblem:
+    """Validate arguments with torch's rules and build the canonical problem (differentiable views).
+    draw_seed=False leaves dropout_seed 0 (the caller passes its own seed to the op)."""
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"scaled_dot_product_attention: {name} must be a tensor, got {type(t).__name__}")
@@ -142,6 +167,8 @@ def normalize(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
         raise _sdpa_error(f"query and key head dims differ: {query.shape[-1]} vs {key.shape[-1]}")
     if key.shape[-2] != value.shape[-2]:
         raise _sdpa_error(f"key and value sequence lengths differ: {key.shape[-2]} vs {value.shape[-2]}")
+    attn_mask, is_causal, causal_offset = causal_bias(attn_mask, is_causal, query.shape[-2], key.shape[-2],
+                                                        query.device)
     if is_causal and attn_mask is not None:
         raise _sdpa_error("Explicit attn_mask should not be set when is_causal=True")
     if not 0.0 <= dropout_p <= 1.0:
@@ -192,12 +219,12 @@ def normalize(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     if scale is None:
         scale = 1.0 / math.sqrt(E) if E > 0 else 1.0
     seed = 0
-    if dropout_p > 0.0:
+    if dropout_p > 0.0 and draw_seed:
         seed = int(torch.randint(0, 2 ** 62, (1,), dtype=torch.int64).item())
     out_shape = (*batch, Hout, Lq, Ev)
     return AttentionProblem(q5=q5, k4=k4, v4=v4, mask5=mask5, causal=bool(is_causal), scale=float(scale),
                             dropout_p=float(dropout_p), dropout_seed=seed, out_shape=out_shape,
-                            squeeze_2d=squeeze_2d)
+                            squeeze_2d=squeeze_2d, causal_offset=causal_offset)
 
 
 def _normalize_mask(mask, qdtype, batch, B, Hout, Hkv, G, Lq, Lk):

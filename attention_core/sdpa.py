@@ -1,141 +1,48 @@
-"""The drop-in entry point: torch's SDPA semantics, dtype policy, tier choice and out-of-memory retries."""
-from __future__ import annotations
+"""The public entry point: torch's SDPA arguments and semantics in, the engine's custom op called, torch's layout out.
 
-import contextlib
-import logging
-from dataclasses import dataclass
-from typing import Optional
+Validates the engine's options, applies torch's autocast rule, normalises the call to the canonical layout
+(problem.py; CausalBias masks included) and calls tiled_attention::fwd (autograd.py), which plans tiles inside.
+"""
+from __future__ import annotations
 
 import torch
 
-from .autograd import TiledAttention
-from .memory import AttentionMemoryError, plan_forward, tile_budget
-from .numerics import Numerics, choose_numerics
-from .oom import is_oom, release_cached
-from .problem import AttentionProblem, normalize
-from .tiers import ORDER, TIERS
-from .tiles import TileOutputs, TileSource, lazy_source
+from .autocast import autocast_inputs
+from .autograd import tiled_attention
+from .ops import check_options
+from .problem import normalize
+from .tiers import TIER_CHOICES
 
-log = logging.getLogger(__name__)
-
-TIER_CHOICES = ("auto",) + ORDER
-
-
-@dataclass(frozen=True)
-class CallConfig:
-    tier: str = "auto"
-    block_q: Optional[int] = None
-    block_kv: Optional[int] = None
-    memory_budget: Optional[int] = None
+__all__ = ["scaled_dot_product_attention", "TIER_CHOICES"]
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False, *, tier="auto", block_q=None, block_kv=None, memory_budget=None,
-                                 precision="auto", flush_to_zero=None):
+                                 precision="auto", flush_to_zero=None, return_lse=False):
     """torch.nn.functional.scaled_dot_product_attention, computed in tiles with O(N) memory.
 
-    Same arguments and result as torch's (math backend), plus:
-      tier           "auto" (largest tier that fits free memory), "chunked", "inplace" or "online"
+    Same arguments and result as torch's (math backend; attn_mask may be a tensor or a CausalBias), plus:
+      tier           "auto" (largest tier that fits free memory), "chunked", "inplace" or "online" (TIER_CHOICES)
       block_q/_kv    force tile sizes (tests; "auto" sizes them from memory)
       memory_budget  bytes the tiles may use (default: a share of the device's free memory)
-      precision      "auto" | "keep" | "fp16" | "fp32": compute dtype for half inputs (see numerics.choose_numerics)
+      precision      compute dtype for half inputs: "auto" (half on accelerators, fp32 on the CPU, bf16 -> fp16
+                     without bf16 hardware), "input" (the input dtype as it is), "fp16" (bf16 -> fp16 when the
+                     values fit), "fp32". "keep" is a deprecated alias of "input".
       flush_to_zero  weights more than e^-20 below the row max become exactly 0 (default: on in half precision)
+      return_lse     also return L = log sum_j exp(s_ij) of the scaled, masked scores, [..., H, Lq], float32
+                     (float64 for float64 inputs), -inf on rows with no visible key; differentiable: (out, lse)
+    Works under torch.compile(fullgraph=True), torch.func transforms and double backward (see autograd.py).
     """
-    if tier not in TIER_CHOICES:
-        raise ValueError(f"tier must be one of {TIER_CHOICES}, got {tier!r}")
-    for name, b in (("block_q", block_q), ("block_kv", block_kv)):
-        if b is not None and (not isinstance(b, int) or b < 1):
-            raise ValueError(f"{name} must be a positive int, got {b!r}")
+    memory_budget = check_options(tier, block_q, block_kv, memory_budget, precision, flush_to_zero)
     if not isinstance(query, torch.Tensor):
         raise TypeError(f"scaled_dot_product_attention: query must be a tensor, got {type(query).__name__}")
     query, key, value = autocast_inputs(query, key, value)
-    with no_autocast(query.device.type):
-        p = normalize(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-        num = choose_numerics(p.dtype, p.device, precision, (query, key, value), flush_to_zero)
-        cfg = CallConfig(tier, block_q, block_kv, memory_budget)
-        if p.Lq == 0 or p.B == 0 or p.Lk == 0 or p.dropout_p >= 1.0:
-            out5 = _zeros(p)
-        elif torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (p.q5, p.k4, p.v4, p.mask5)):
-            out5 = TiledAttention.apply(p.q5, p.k4, p.v4, p.mask5, p, num, cfg)
-        else:
-            with torch.no_grad():
-                out5 = run_forward(p, num, cfg, need_stats=False).out
-        out = out5.reshape(p.out_shape)
-    return out.squeeze(0) if p.squeeze_2d else out
-
-
-def _autocast_on(device_type: str) -> bool:
-    try:
-        return torch.is_autocast_enabled(device_type)
-    except (TypeError, RuntimeError):  # older torch / a device type without autocast
-        return device_type == "cuda" and torch.is_autocast_enabled()
-
-
-def autocast_inputs(*tensors):
-    """Under autocast torch's SDPA runs in the autocast dtype (fp32 inputs are cast down); so does this."""
-    device_type = tensors[0].device.type
-    if not _autocast_on(device_type):
-        return tensors
-    dt = torch.get_autocast_dtype(device_type)
-    return tuple(t.to(dt) if isinstance(t, torch.Tensor) and t.dtype == torch.float32 else t for t in tensors)
-
-
-def no_autocast(device_type: str):
-    """The engine picks every dtype itself (fp32 tiles of the overflow guard must stay fp32)."""
-    if not _autocast_on(device_type):
-        return contextlib.nullcontext()
-    return torch.autocast(device_type, enabled=False)
-
-
-def _zeros(p: AttentionProblem) -> torch.Tensor:
-    """No key, no query or everything dropped: zeros, as torch returns, still connected to the graph."""
-    z = torch.zeros(p.B, p.Hkv, p.G, p.Lq, p.Ev, dtype=p.dtype, device=p.device)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (p.q5, p.k4, p.v4)):
-        z = z + 0.0 * (p.q5.sum() + p.k4.sum() + p.v4.sum())
-    return z
-
-
-def _run_tier(fn, p: AttentionProblem, num: Numerics, whole, plan, need_stats: bool) -> TileOutputs:
-    """One tier over the whole problem (`whole()` gives its TileSource), head group by head group when the plan
-    splits heads (then each group gets its own TileSource and the whole one is never built)."""
-    if plan.block_h >= p.Hkv:
-        return fn(whole(), plan.block_q, plan.block_kv, need_stats)
-    res = TileOutputs(p, num, need_stats)
-    for h0 in range(0, p.Hkv, plan.block_h):
-        h1 = min(p.Hkv, h0 + plan.block_h)
-        part = fn(TileSource(p.head_group(h0, h1), num), plan.block_q, plan.block_kv, need_stats)
-        res.out[:, h0:h1] = part.out
-        for name in ("lse", "rowmax"):
-            if getattr(res, name) is not None:
-                getattr(res, name)[:, h0:h1] = getattr(part, name)
-        del part
-    return res
-
-
-def run_forward(p: AttentionProblem, num: Numerics, cfg: CallConfig, need_stats: bool) -> TileOutputs:
-    """Run the chosen tier; on out-of-memory retry with smaller tiles, then the next tier down."""
-    whole = lazy_source(p, num)
-    budget = tile_budget(p.device, cfg.memory_budget)
-    start = 0 if cfg.tier == "auto" else ORDER.index(cfg.tier)
-    for tier in ORDER[start:]:
-        plan = plan_forward(p, num, tier, budget, cfg.block_q, cfg.block_kv)
-        if plan is None:
-            log.debug("tier %s does not fit %d MB for %s", tier, budget >> 20, p.describe())
-        while plan is not None:
-            try:
-                return _run_tier(TIERS[tier], p, num, whole, plan, need_stats)
-            except Exception as e:  # noqa: BLE001 - only out-of-memory is retried
-                if not is_oom(e):
-                    raise
-                release_cached(p.device)
-                smaller = plan.smaller()
-                log.info("tiled attention: %s tier out of memory with %dx%d tiles; %s", tier, plan.block_q,
-                         plan.block_kv, "retrying smaller" if smaller else "trying the next tier")
-                plan = smaller
-        if cfg.tier != "auto" and tier == cfg.tier and tier != ORDER[-1]:
-            log.warning("tiled attention: the %s tier does not fit in %d MB for %s; using the next tier down",
-                        tier, budget >> 20, p.describe())
-    raise AttentionMemoryError(
-        f"Tiled attention: not even the smallest online tile (16 x 16 keys) fits for {p.describe()} within a "
-        f"budget of {budget / 2**20:.0f} MB. Free memory on {p.device} (fewer frames, lower resolution, smaller "
-        f"batch, --lowvram) or pass a larger memory_budget.")
+    p = normalize(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, draw_seed=False)
+    seed = torch.randint(0, 2 ** 62, (), dtype=torch.int64) if p.dropout_p > 0 else None
+    out5, lse = tiled_attention(p.q5, p.k4, p.v4, p.mask5, seed, p.causal, p.causal_offset, p.scale, p.dropout_p,
+                                tier, block_q, block_kv, memory_budget, precision, flush_to_zero)
+    out = out5.reshape(p.out_shape)
+    lse = lse.reshape(p.out_shape[:-1])
+    if p.squeeze_2d:
+        out, lse = out.squeeze(0), lse.squeeze(0)
+    return (out, lse) if return_lse else out

@@ -80,8 +80,8 @@ class TileSource:
                 s.masked_fill_(~mt, NEG_INF)
             else:
                 s.add_(mt)
-        if p.causal and j1 - 1 > i0:  # some key in the tile is right of some row's diagonal
-            rows = torch.arange(i0, i1, device=s.device).view(-1, 1)
+        if p.causal and j1 - 1 > i0 + p.causal_offset:  # some key in the tile is right of some row's diagonal
+            rows = torch.arange(i0 + p.causal_offset, i1 + p.causal_offset, device=s.device).view(-1, 1)
             cols = torch.arange(j0, j1, device=s.device).view(1, -1)
             s.masked_fill_(cols > rows, NEG_INF)
         return s
@@ -119,14 +119,15 @@ def query_tiles(src: "TileSource", block_q: int):
 
 class TileOutputs:
     """The result of a forward: O (B, Hkv, G, Lq, Ev) in the input dtype and, for the backward, the fp32 row
-    statistics L = m + log l (log-sum-exp; +inf for rows with no visible key, so exp(s - L) = 0 there) and m."""
+    statistics L = m + log l (the log-sum-exp of the row's scaled, masked scores; -inf for a row with no visible
+    key) and the row max m (flush-to-zero in the backward is relative to it)."""
 
     def __init__(self, p: AttentionProblem, num: Numerics, need_stats: bool):
         self.p = p
         shape = (p.B, p.Hkv, p.G, p.Lq)
         self.out = torch.empty(*shape, p.Ev, dtype=p.dtype, device=p.device)
         self.lse = torch.empty(shape, dtype=num.stats, device=p.device) if need_stats else None
-        self.rowmax = torch.empty(shape, dtype=num.stats, device=p.device) if need_stats and num.ftz else None
+        self.rowmax = torch.empty(shape, dtype=num.stats, device=p.device) if need_stats else None
 
     def store(self, i0: int, i1: int, o: torch.Tensor, m=None, log_l=None):
         """o: (B, Hkv, G*bq, Ev) or (B, Hkv, G, bq, Ev); m, log_l: (B, Hkv, G, bq, 1) or None."""
@@ -134,7 +135,7 @@ class TileOutputs:
         self.out[:, :, :, i0:i1] = o.view(p.B, p.Hkv, p.G, i1 - i0, p.Ev)
         if self.lse is not None:
             m = m.to(self.lse.dtype)
-            lse = torch.where(torch.isneginf(m), torch.full_like(m, float("inf")), m + log_l.to(self.lse.dtype))
+            lse = torch.where(torch.isneginf(m), m, m + log_l.to(self.lse.dtype))
             self.lse[:, :, :, i0:i1] = lse.squeeze(-1)
             if self.rowmax is not None:
                 self.rowmax[:, :, :, i0:i1] = m.squeeze(-1)

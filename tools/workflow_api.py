@@ -16,7 +16,13 @@ Command line::
 Without ``--queue`` the prompt is printed (or written with ``-o``).  With
 ``--queue`` it is posted to ``SERVER/prompt`` as ``{"prompt": ..., "extra_data":
 {"extra_pnginfo": {"workflow": ...}}}`` (the same shape the frontend sends, so
-Save nodes embed the workflow).
+Save nodes embed the workflow).  Every problem -- unreadable, empty or
+malformed JSON (a byte-order mark, NaN/Infinity, duplicate keys), a workflow
+the converter cannot trust (duplicate node ids, links with null slots,
+``widgets_values`` that is neither a list nor an object, a non-numeric
+``order``), a server that cannot be reached or answers something other than
+JSON -- is one ``error: ...`` line on stderr and exit status 2; nothing is
+guessed or converted silently.
 
 What the converter mirrors from the frontend's ``graphToPrompt``:
 
@@ -297,15 +303,42 @@ def types_compatible(a, b):
 # workflow helpers
 # --------------------------------------------------------------------------
 
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_node_id(v):
+    return _is_int(v) or (isinstance(v, str) and v != "")
+
+
 def parse_links(workflow):
-    """{link id: (origin_id, origin_slot, target_id, target_slot, type)}; accepts array or object links."""
+    """{link id: (origin_id, origin_slot, target_id, target_slot, type)}; accepts array or object links.
+
+    Raises ValueError for a link whose ids or slots are not integers (node ids may be strings)."""
     out = {}
-    for link in workflow.get("links") or []:
+    links = workflow.get("links")
+    if links is None:
+        return out
+    if not isinstance(links, list):
+        raise ValueError(f"'links' must be a list, got {type(links).__name__}")
+    for link in links:
         if isinstance(link, dict):
-            out[link["id"]] = (link["origin_id"], link["origin_slot"], link["target_id"],
-                               link["target_slot"], link.get("type"))
+            fields = tuple(link.get(k) for k in ("id", "origin_id", "origin_slot", "target_id", "target_slot"))
+            fields += (link.get("type"),)
         elif isinstance(link, (list, tuple)) and len(link) >= 5:
-            out[link[0]] = (link[1], link[2], link[3], link[4], link[5] if len(link) > 5 else None)
+            fields = tuple(link[:5]) + (link[5] if len(link) > 5 else None,)
+        else:
+            raise ValueError(f"link {link!r}: expected [id, origin_id, origin_slot, target_id, target_slot, type] "
+                             f"or an object with those keys")
+        lid, o_id, o_slot, t_id, t_slot, ltype = fields
+        if not _is_int(lid) or not _is_node_id(o_id) or not _is_node_id(t_id) or not _is_int(o_slot) \
+                or not _is_int(t_slot):
+            raise ValueError(f"link {lid!r}: id and slots must be integers and node ids integers or strings, got "
+                             f"id={lid!r} origin_id={o_id!r} origin_slot={o_slot!r} target_id={t_id!r} "
+                             f"target_slot={t_slot!r}")
+        if lid in out:
+            raise ValueError(f"link id {lid} appears twice")
+        out[lid] = (o_id, o_slot, t_id, t_slot, ltype)
     return out
 
 
@@ -332,51 +365,88 @@ def _bypass_input_index(node, slot, want_type):
     return -1
 
 
-def _resolve(nodes, links, origin_id, origin_slot, want_type, visited):
-    """Follow a link back to the real producer.
+def _resolve(nodes, links, origin_id, origin_slot, want_type, visited=frozenset()):
+    """Follow a link back to the real producer (iteratively: Reroute chains may be thousands deep).
 
     Returns ("link", id, slot), ("value", v), ("drop",) for a muted producer,
     or None when nothing can be resolved (the input is left out).
+    Raises ValueError for a cycle.
     """
-    key = (str(origin_id), origin_slot)
-    if key in visited:
-        raise ValueError(f"cycle through node {origin_id} slot {origin_slot} while resolving links")
-    visited = visited | {key}
-    node = nodes.get(str(origin_id))
-    if node is None:
-        return None
-    ntype = node.get("type")
-    mode = node.get("mode", MODE_ALWAYS)
-    if ntype == "PrimitiveNode":
-        wv = node.get("widgets_values")
-        if isinstance(wv, list) and wv:
-            return ("value", wv[0])
-        return None
-    if ntype in NOTE_TYPES:
-        return None
-    if ntype == "Reroute":
-        inputs = node.get("inputs") or []
-        link_id = inputs[0].get("link") if inputs else None
+    seen = set(visited)
+    while True:
+        key = (str(origin_id), origin_slot)
+        if key in seen:
+            raise ValueError(f"cycle through node {origin_id} slot {origin_slot} while resolving links")
+        seen.add(key)
+        node = nodes.get(str(origin_id))
+        if node is None:
+            return None
+        ntype = node.get("type")
+        mode = node.get("mode", MODE_ALWAYS)
+        if ntype == "PrimitiveNode":
+            wv = node.get("widgets_values")
+            if isinstance(wv, list) and wv:
+                return ("value", wv[0])
+            return None
+        if ntype in NOTE_TYPES:
+            return None
+        if ntype == "Reroute":
+            inputs = node.get("inputs") or []
+            link_id = inputs[0].get("link") if inputs else None
+        elif mode == MODE_BYPASS:
+            idx = _bypass_input_index(node, origin_slot, want_type)
+            if idx < 0:
+                return None
+            link_id = (node.get("inputs") or [])[idx].get("link")
+        elif mode == MODE_NEVER:
+            return ("drop",)
+        else:
+            return ("link", str(origin_id), int(origin_slot))
         if link_id is None or link_id not in links:
             return None
-        o_id, o_slot = links[link_id][0], links[link_id][1]
-        return _resolve(nodes, links, o_id, o_slot, want_type, visited)
-    if mode == MODE_BYPASS:
-        idx = _bypass_input_index(node, origin_slot, want_type)
-        if idx < 0:
-            return None
-        link_id = (node.get("inputs") or [])[idx].get("link")
-        if link_id is None or link_id not in links:
-            return None
-        o_id, o_slot = links[link_id][0], links[link_id][1]
-        return _resolve(nodes, links, o_id, o_slot, want_type, visited)
-    if mode == MODE_NEVER:
-        return ("drop",)
-    return ("link", str(origin_id), int(origin_slot))
+        origin_id, origin_slot = links[link_id][0], links[link_id][1]
 
 
 def _api_value(v):
     return {"__value__": v} if isinstance(v, list) else v
+
+
+def _check_nodes(workflow):
+    """{str(id): node} after checking what the conversion relies on; ValueError naming the node otherwise."""
+    raw = workflow.get("nodes")
+    if not isinstance(raw, list):
+        raise ValueError(f"'nodes' must be a list, got {type(raw).__name__}")
+    nodes = {}
+    for i, n in enumerate(raw):
+        if not isinstance(n, dict):
+            raise ValueError(f"nodes[{i}] must be an object, got {type(n).__name__}")
+        nid = n.get("id")
+        if not _is_node_id(nid):
+            raise ValueError(f"nodes[{i}] ({n.get('type')!r}): 'id' must be an integer or a string, got {nid!r}")
+        if str(nid) in nodes:
+            raise ValueError(f"node id {nid!r} appears twice (nodes {n.get('type')!r} and "
+                             f"{nodes[str(nid)].get('type')!r}); node ids must be unique")
+        what = f"node {nid} ({n.get('type')!r})"
+        if not isinstance(n.get("type"), str):
+            raise ValueError(f"{what}: 'type' must be a string")
+        order = n.get("order", 0)
+        if not (_is_int(order) or (isinstance(order, float) and order == order and abs(order) != float("inf"))):
+            raise ValueError(f"{what}: 'order' must be a number, got {order!r}")
+        if not _is_int(n.get("mode", MODE_ALWAYS)):
+            raise ValueError(f"{what}: 'mode' must be an integer, got {n.get('mode')!r}")
+        wv = n.get("widgets_values")
+        if wv is not None and not isinstance(wv, (list, dict)):
+            raise ValueError(f"{what}: 'widgets_values' must be a list or an object, got {type(wv).__name__}")
+        for key in ("inputs", "outputs"):
+            lst = n.get(key)
+            if lst is not None and (not isinstance(lst, list) or not all(isinstance(e, dict) for e in lst)):
+                raise ValueError(f"{what}: '{key}' must be a list of objects")
+        for inp in n.get("inputs") or []:
+            link = inp.get("link")
+            if link is not None and not _is_int(link):
+                raise ValueError(f"{what}: input {inp.get('name')!r} has link {link!r}; expected an integer or null")
+        nodes[str(nid)] = n
+    return nodes
 
 
 def workflow_to_prompt(workflow, object_info):
@@ -387,9 +457,13 @@ def workflow_to_prompt(workflow, object_info):
     """
     if not isinstance(workflow, dict) or "nodes" not in workflow:
         raise ValueError("not a UI-format workflow (no 'nodes' list); API-format prompts need no conversion")
-    subgraph_ids = {s.get("id") for s in ((workflow.get("definitions") or {}).get("subgraphs") or [])}
-    nodes = {str(n["id"]): n for n in workflow["nodes"]}
+    if not isinstance(object_info, dict):
+        raise ValueError(f"object_info must be a JSON object (node type -> schema), got {type(object_info).__name__}")
+    nodes = _check_nodes(workflow)
     links = parse_links(workflow)
+    definitions = workflow.get("definitions") or {}
+    subgraph_ids = {s.get("id") for s in ((definitions.get("subgraphs") if isinstance(definitions, dict) else None)
+                                          or []) if isinstance(s, dict)}
 
     unknown = sorted({n.get("type") for n in nodes.values()
                       if n.get("type") not in FRONTEND_ONLY_TYPES and n.get("type") not in object_info
@@ -407,6 +481,8 @@ def workflow_to_prompt(workflow, object_info):
         if ntype in FRONTEND_ONLY_TYPES or mode in (MODE_NEVER, MODE_BYPASS):
             continue
         node_def = object_info[ntype]
+        if not isinstance(node_def, dict):
+            raise ValueError(f"object_info[{ntype!r}] must be an object, got {type(node_def).__name__}")
         values, _slots, _extra = map_widget_values(node.get("widgets_values"), node_def)
         inputs = {name: _api_value(v) for name, v in values.items()}
         for inp in node.get("inputs") or []:
@@ -449,27 +525,126 @@ def _int_or_str(s):
 # CLI
 # --------------------------------------------------------------------------
 
+class CliError(Exception):
+    """A problem with the input, reported as one ``error: ...`` line and exit status 2."""
+
+
+def _reject_constant(name):
+    raise ValueError(f"{name} is not valid JSON (numbers must be finite)")
+
+
+def _duplicate_keys_refused(pairs):
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"key {k!r} appears twice in one object")
+        out[k] = v
+    return out
+
+
+def parse_json(data, what):
+    """Strict JSON from bytes or text: no BOM, no NaN/Infinity, no duplicate keys; CliError naming `what`."""
+    if isinstance(data, bytes):
+        if data.startswith(b"\xef\xbb\xbf"):
+            raise CliError(f"{what} starts with a UTF-8 byte-order mark (BOM); save it as UTF-8 without BOM")
+        try:
+            data = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise CliError(f"{what} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if data.startswith("\ufeff"):
+        raise CliError(f"{what} starts with a byte-order mark (BOM); save it as UTF-8 without BOM")
+    if not data.strip():
+        raise CliError(f"{what} is empty")
+    try:
+        return json.loads(data, parse_constant=_reject_constant, object_pairs_hook=_duplicate_keys_refused)
+    except json.JSONDecodeError as e:
+        raise CliError(f"{what} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except RecursionError:
+        raise CliError(f"{what} is nested too deeply to parse") from None
+    except ValueError as e:
+        raise CliError(f"{what}: {e}") from None
+
+
+def read_json_file(path, what):
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise CliError(f"{what} {path!r} does not exist") from None
+    except IsADirectoryError:
+        raise CliError(f"{what} {path!r} is a directory, not a JSON file") from None
+    except OSError as e:
+        raise CliError(f"cannot read {what} {path!r}: {e.strerror or e}") from None
+    return parse_json(data, f"{what} {path!r}")
+
+
 def _http_json(url, payload=None, timeout=60):
     data = None
     headers = {}
     if payload is not None:
         data = json.dumps(payload).encode("utf-8")
         headers["Content-Type"] = "application/json"
-    req = urllib.request.Request(url, data=data, headers=headers)
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return json.loads(resp.read().decode("utf-8"))
+    try:
+        req = urllib.request.Request(url, data=data, headers=headers)
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            body = resp.read()
+    except urllib.error.HTTPError as e:
+        detail = " ".join(e.read().decode("utf-8", "replace").split())
+        raise CliError(f"server {url} answered {e.code} {e.reason}: {detail[:2000]}") from None
+    except urllib.error.URLError as e:
+        raise CliError(f"cannot reach {url}: {e.reason}") from None
+    except (OSError, ValueError) as e:  # timeouts, resets, malformed URLs
+        raise CliError(f"cannot reach {url}: {e}") from None
+    return parse_json(body, f"the answer of {url}")
 
 
 def load_object_info(path=None, server=None):
     if path:
-        with open(path, "r", encoding="utf-8") as f:
-            return json.load(f)
-    if server:
-        return _http_json(server.rstrip("/") + "/object_info")
-    raise ValueError("need --object-info FILE or --server URL")
+        info = read_json_file(path, "object_info file")
+    elif server:
+        info = _http_json(server.rstrip("/") + "/object_info")
+    else:
+        raise ValueError("need --object-info FILE or --server URL")
+    if not isinstance(info, dict):
+        raise CliError(f"object_info must be a JSON object (node type -> schema), got {type(info).__name__}")
+    return info
+
+
+def _run(args):
+    server = args.server
+    if server is None and (args.queue or not args.object_info):
+        server = "http://127.0.0.1:8188"
+
+    workflow = read_json_file(args.workflow, "workflow")
+    if not isinstance(workflow, dict):
+        raise CliError(f"workflow {args.workflow!r} must be a JSON object, got {type(workflow).__name__}")
+    object_info = load_object_info(args.object_info, None if args.object_info else server)
+    try:
+        prompt = workflow_to_prompt(workflow, object_info)
+    except ValueError as e:
+        raise CliError(f"{args.workflow}: {e}") from None
+
+    text = json.dumps(prompt, indent=2, ensure_ascii=False, allow_nan=False)
+    if args.output:
+        try:
+            with open(args.output, "w", encoding="utf-8") as f:
+                f.write(text + "\n")
+        except OSError as e:
+            raise CliError(f"cannot write {args.output!r}: {e.strerror or e}") from None
+    elif not args.queue:
+        print(text)
+
+    if args.queue:
+        body = {"prompt": prompt, "extra_data": {"extra_pnginfo": {"workflow": workflow}}}
+        if args.client_id:
+            body["client_id"] = args.client_id
+        answer = _http_json(server.rstrip("/") + "/prompt", body)
+        print(json.dumps(answer, indent=2))
+    return 0
 
 
 def main(argv=None):
+    """The command line; every problem is one ``error: ...`` line on stderr and exit status 2."""
     p = argparse.ArgumentParser(description="Convert a ComfyUI UI workflow to an API prompt (and optionally queue it).")
     p.add_argument("workflow", help="UI-format workflow JSON (as saved by the ComfyUI frontend)")
     p.add_argument("--object-info", metavar="FILE", help="saved /object_info JSON (else read from --server)")
@@ -480,42 +655,16 @@ def main(argv=None):
     p.add_argument("-o", "--output", metavar="FILE", help="write the API prompt here instead of stdout")
     p.add_argument("--client-id", default=None, help="client_id to send with --queue")
     args = p.parse_args(argv)
-
-    server = args.server
-    if server is None and (args.queue or not args.object_info):
-        server = "http://127.0.0.1:8188"
-
-    with open(args.workflow, "r", encoding="utf-8") as f:
-        workflow = json.load(f)
     try:
-        object_info = load_object_info(args.object_info, None if args.object_info else server)
-        prompt = workflow_to_prompt(workflow, object_info)
-    except (ValueError, urllib.error.URLError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-
-    text = json.dumps(prompt, indent=2, ensure_ascii=False)
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
-    elif not args.queue:
-        print(text)
-
-    if args.queue:
-        body = {"prompt": prompt, "extra_data": {"extra_pnginfo": {"workflow": workflow}}}
-        if args.client_id:
-            body["client_id"] = args.client_id
-        try:
-            answer = _http_json(server.rstrip("/") + "/prompt", body)
-        except urllib.error.HTTPError as e:
-            detail = e.read().decode("utf-8", "replace")
-            print(f"error: server answered {e.code}: {detail}", file=sys.stderr)
-            return 1
-        except (urllib.error.URLError, OSError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 1
-        print(json.dumps(answer, indent=2))
-    return 0
+        return _run(args)
+    except CliError as e:
+        message = str(e)
+    except RecursionError:
+        message = f"{args.workflow}: the workflow is nested too deeply to convert"
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError) as e:
+        message = f"{args.workflow}: malformed workflow or object_info ({type(e).__name__}: {e})"
+    print("error: " + " ".join(message.split()), file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -1,0 +1,109 @@
+"""Detection with faked device properties, the backend probe, and the self-check."""
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attention_core.detection as detect_mod
+from attention_core import detect
+from attention_core.detection import report_from_properties
+
+
+@pytest.mark.parametrize("arch,fused,needs,bf16", [
+    ("gfx906:sramecc+:xnack-", [], True, False),
+    ("gfx1030", [], True, False),
+    ("gfx90a:sramecc+:xnack-", ["flash", "efficient"], False, True),
+])
+def test_amd_reports(arch, fused, needs, bf16):
+    r = report_from_properties("cuda:0", "AMD Radeon", hip=True, arch=arch, fused_backends=fused)
+    assert r.vendor == "amd" and r.gfx == arch.split(":")[0]
+    assert r.needs_tiled_attention is needs and r.bf16_hardware is bf16
+    assert (arch.split(":")[0] in r.summary())
+
+
+def test_tables_stand_in_when_the_probe_cannot_run():
+    assert report_from_properties("cuda:1", "MI50", hip=True, arch="gfx906").needs_tiled_attention
+    assert report_from_properties("cuda:1", "MI50", hip=True, arch="gfx906").known_no_fused
+    assert not report_from_properties("cuda:0", "7900", hip=True, arch="gfx1100").needs_tiled_attention
+
+
+def test_nvidia_sm86():
+    r = report_from_properties("cuda:0", "RTX 3090", hip=False, major=8, minor=6, fused_backends=["flash"])
+    assert r.sm == "8.6" and r.bf16_hardware and not r.needs_tiled_attention
+
+
+def test_detect_per_device_with_faked_torch(monkeypatch):
+    """detect() on a faked ROCm machine with a gfx906 and a gfx1030, the probe finding nothing."""
+    props = {0: types.SimpleNamespace(name="AMD Instinct MI50", gcnArchName="gfx906:sramecc+:xnack-", major=9,
+                                      minor=0),
+             1: types.SimpleNamespace(name="Radeon RX 6800", gcnArchName="gfx1030", major=10, minor=3)}
+    monkeypatch.setattr(torch.version, "hip", "6.2.0", raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: props[torch.device(d).index])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(detect_mod, "probe_fused_backends", lambda d: [])
+    monkeypatch.setattr(detect_mod, "_cache", {})
+    r0, r1 = detect("cuda:0"), detect("cuda:1")
+    assert (r0.gfx, r1.gfx) == ("gfx906", "gfx1030")
+    assert r0.needs_tiled_attention and r1.needs_tiled_attention and not r0.bf16_hardware
+    assert "gfx906" in r0.text() and "needs tiled attention: yes" in r0.text()
+    assert not detect_mod.bf16_hardware("cuda:0")
+
+
+def test_env_override(monkeypatch):
+    monkeypatch.setenv("TILED_ATTENTION", "force")
+    assert detect("cpu").needs_tiled_attention and detect("cpu").override == "force"
+    monkeypatch.setenv("TILED_ATTENTION", "off")
+    assert not detect("cpu").needs_tiled_attention
+
+
+def test_cpu_probe_is_ground_truth():
+    r = detect("cpu", refresh=True)
+    assert r.probed and r.vendor == "cpu"
+    assert r.needs_tiled_attention == (not r.fused_backends)
+
+
+def test_selfcheck_passes_on_this_device(capsys):
+    from attention_core import selfcheck
+    assert selfcheck.main(["--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "needs tiled attention" in out and "all cases within tolerance" in out and "BAD" not in out
+
+
+def test_probe_leaves_torch_backend_switches_alone(monkeypatch):
+    """The probe used to run each backend under sdpa_kernel, flipping torch's process-global switches: other
+    threads' plain SDPA calls then failed with "No viable backend". Now nothing global changes."""
+    import threading
+    q = torch.randn(1, 2, 16, 8)
+    errors, calls, stop = [], [0], threading.Event()
+
+    def hammer():
+        while not stop.is_set():
+            try:
+                F.scaled_dot_product_attention(q, q, q)
+                calls[0] += 1
+            except Exception as e:  # noqa: BLE001
+                errors.append(repr(e))
+
+    flags = (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled(),
+             torch.backends.cuda.mem_efficient_sdp_enabled())
+    switched = []
+    for name in [n for n in dir(torch._C) if n.startswith("_set_sdp_use_") or n == "_set_sdp_priority_order"]:
+        real = getattr(torch._C, name)
+        monkeypatch.setattr(torch._C, name, lambda *a, _n=name, _r=real: switched.append(_n) or _r(*a))
+    t = threading.Thread(target=hammer)
+    t.start()
+    try:
+        for _ in range(20):
+            detect("cpu", refresh=True)
+    finally:
+        stop.set()
+        t.join()
+    assert switched == []  # deterministic: no global switch was touched
+    assert calls[0] > 0 and errors == []
+    assert flags == (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled(),
+                     torch.backends.cuda.mem_efficient_sdp_enabled())
+
+
+def test_probe_finds_the_cpu_flash_kernel():
+    assert "flash" in detect_mod.probe_fused_backends(torch.device("cpu"))

@@ -1,0 +1,223 @@
+"""The global patch of torch's SDPA: off at import, on/off by enable()/disable(), patched() blocks that nest and
+overlap across threads, CausalBias masks."""
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attention_core
+import attention_core.patch as patch_mod
+
+TORCH_SDPA = F.scaled_dot_product_attention
+
+
+@pytest.fixture(autouse=True)
+def _restore():
+    yield
+    attention_core.disable()
+    assert F.scaled_dot_product_attention is TORCH_SDPA
+
+
+def test_import_patches_nothing():
+    import importlib
+    importlib.reload(attention_core)
+    assert F.scaled_dot_product_attention is TORCH_SDPA and not attention_core.is_enabled()
+
+
+def test_enable_disable_restores_original(monkeypatch):
+    calls = []
+    import attention_core.sdpa as sd
+    real = sd.scaled_dot_product_attention
+    monkeypatch.setattr(sd, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    q = torch.randn(1, 2, 8, 4)
+    attention_core.enable(force=True, tier="online")
+    assert attention_core.is_enabled() and F.scaled_dot_product_attention is not TORCH_SDPA
+    out = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    assert calls == [1]
+    assert torch.allclose(out, TORCH_SDPA(q, q, q, is_causal=True), atol=1e-6)
+    attention_core.enable(force=True)  # twice: no double wrap
+    F.scaled_dot_product_attention(q, q, q)
+    assert calls == [1, 1]
+    attention_core.disable()
+    assert F.scaled_dot_product_attention is TORCH_SDPA and not attention_core.is_enabled()
+    with attention_core.patched(force=True):
+        F.scaled_dot_product_attention(q, q, q)
+    assert calls == [1, 1, 1] and F.scaled_dot_product_attention is TORCH_SDPA
+
+
+def test_patch_passes_through_when_not_needed(monkeypatch):
+    monkeypatch.setenv("TILED_ATTENTION", "off")
+    import attention_core.sdpa as sd
+    monkeypatch.setattr(sd, "scaled_dot_product_attention", lambda *a, **k: pytest.fail("engine used"))
+    q = torch.randn(1, 2, 8, 4)
+    with attention_core.patched():
+        F.scaled_dot_product_attention(q, q, q)
+
+
+def _engine_options(monkeypatch):
+    """Record the options each engine call gets."""
+    import attention_core.sdpa as sd
+    seen, real = [], sd.scaled_dot_product_attention
+    monkeypatch.setattr(sd, "scaled_dot_product_attention", lambda *a, **k: seen.append(k) or real(*a, **k))
+    return seen
+
+
+def test_patched_inside_enable_keeps_the_global_patch(monkeypatch):
+    seen = _engine_options(monkeypatch)
+    q = torch.randn(1, 2, 8, 4)
+    attention_core.enable(force=True, tier="online")
+    with attention_core.patched(force=True, tier="chunked"):
+        with attention_core.patched(force=True, tier="inplace"):
+            F.scaled_dot_product_attention(q, q, q)
+        F.scaled_dot_product_attention(q, q, q)
+    assert attention_core.is_enabled() and F.scaled_dot_product_attention is not TORCH_SDPA
+    F.scaled_dot_product_attention(q, q, q)
+    assert [k["tier"] for k in seen] == ["inplace", "chunked", "online"]
+    attention_core.disable()
+    assert F.scaled_dot_product_attention is TORCH_SDPA
+
+
+def test_block_open_in_a_thread_when_enable_is_called_keeps_the_global_patch():
+    """A thread's patched() block exiting after enable() used to restore what it saw on entry (off)."""
+    entered, leave = threading.Event(), threading.Event()
+
+    def body():
+        with attention_core.patched(force=True):
+            entered.set()
+            assert leave.wait(10)
+
+    t = threading.Thread(target=body)
+    t.start()
+    assert entered.wait(10)
+    attention_core.enable(force=True)
+    leave.set()
+    t.join()
+    assert attention_core.is_enabled() and F.scaled_dot_product_attention is not TORCH_SDPA
+
+
+def _in_thread(steps, gates):
+    """Run `steps` (a list of 'enter'/'exit') in a thread, each step after its gate is set; returns the thread
+    and an event per step set when the step is done."""
+    done = [threading.Event() for _ in steps]
+    errors = []
+
+    def body():
+        ctx = attention_core.patched(force=True)
+        try:
+            for step, gate, ev in zip(steps, gates, done):
+                assert gate.wait(10), "choreography stalled"
+                ctx.__enter__() if step == "enter" else ctx.__exit__(None, None, None)
+                ev.set()
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+            for ev in done:
+                ev.set()
+
+    t = threading.Thread(target=body)
+    t.start()
+    return t, done, errors
+
+
+@pytest.mark.parametrize("order", ["A+ B+ A- B-", "A+ B+ B- A-", "A+ A- B+ B-"])
+def test_overlapping_blocks_in_threads_restore_torch(order):
+    """A enters, B enters, A exits, B exits used to leave the patch on."""
+    go = {k: threading.Event() for k in ("A+", "A-", "B+", "B-")}
+    ta, (a_in, a_out), ea = _in_thread(["enter", "exit"], [go["A+"], go["A-"]])
+    tb, (b_in, b_out), eb = _in_thread(["enter", "exit"], [go["B+"], go["B-"]])
+    done = {"A+": a_in, "A-": a_out, "B+": b_in, "B-": b_out}
+    open_blocks = set()
+    for step in order.split():
+        go[step].set()
+        assert done[step].wait(10)
+        open_blocks.add(step[0]) if step.endswith("+") else open_blocks.discard(step[0])
+        assert attention_core.is_enabled() == bool(open_blocks), step
+        assert (F.scaled_dot_product_attention is TORCH_SDPA) == (not open_blocks), step
+    ta.join(), tb.join()
+    assert not ea and not eb
+    assert F.scaled_dot_product_attention is TORCH_SDPA
+
+
+def test_many_threads_nesting_leave_nothing_patched():
+    q = torch.randn(1, 2, 8, 4)
+    want = TORCH_SDPA(q, q, q)
+    errors = []
+
+    def worker():
+        try:
+            for _ in range(20):
+                with attention_core.patched(force=True):
+                    with attention_core.patched(force=True, tier="online"):
+                        assert torch.allclose(F.scaled_dot_product_attention(q, q, q), want, atol=1e-5)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert not errors and F.scaled_dot_product_attention is TORCH_SDPA and not attention_core.is_enabled()
+
+
+def test_causal_bias_masks_through_the_patch():
+    from torch.nn.attention.bias import causal_lower_right, causal_upper_left
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 2, 6, 8), torch.randn(1, 2, 10, 8), torch.randn(1, 2, 10, 8)
+    for make in (causal_upper_left, causal_lower_right):
+        for lq in (6, 10):
+            mask = make(lq, 10)
+            qq = torch.randn(1, 2, lq, 8)
+            want = TORCH_SDPA(qq, k, v, attn_mask=mask)
+            with attention_core.patched(force=True):
+                got = F.scaled_dot_product_attention(qq, k, v, attn_mask=mask)
+            assert (got - want).abs().max() < 1e-5, (make.__name__, lq)
+    with attention_core.patched(force=True), pytest.raises(ValueError):
+        F.scaled_dot_product_attention(q, k, v, attn_mask=causal_upper_left(6, 10), is_causal=True)
+
+
+@pytest.mark.parametrize("mask", ["none", "bool", "float", "key_padding"])
+def test_multihead_attention_through_the_patch(mask, engine_calls_counter):
+    """nn.MultiheadAttention (training path) calls F.scaled_dot_product_attention: same output and gradients."""
+    torch.manual_seed(4)
+    mha = torch.nn.MultiheadAttention(16, 4, batch_first=True)
+    x = torch.randn(2, 6, 16, requires_grad=True)
+    am = {"bool": (torch.rand(6, 6) > 0.7).fill_diagonal_(False), "float": torch.randn(6, 6)}.get(mask)
+    kpm = torch.tensor([[False] * 6, [False] * 4 + [True] * 2]) if mask == "key_padding" else None
+
+    def run():
+        x.grad = None
+        mha.zero_grad()
+        out = mha(x, x, x, attn_mask=am, key_padding_mask=kpm, need_weights=False)[0]
+        out.square().sum().backward()
+        return out.detach(), x.grad.clone(), mha.in_proj_weight.grad.clone()
+
+    want = run()
+    with attention_core.patched(force=True):
+        got = run()
+    assert engine_calls_counter
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.fixture
+def engine_calls_counter(monkeypatch):
+    import attention_core.sdpa as sd
+    calls, real = [], sd.scaled_dot_product_attention
+    monkeypatch.setattr(sd, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
+def test_fully_masked_rows_match_torch(engine_calls_counter):
+    """Rows with every key masked: torch's float -inf mask gives NaN, a boolean mask gives 0 (math backend)."""
+    torch.manual_seed(6)
+    q, k, v = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
+    float_mask = torch.zeros(4, 6)
+    float_mask[1] = float("-inf")
+    bool_mask = torch.ones(4, 6, dtype=torch.bool)
+    bool_mask[2] = False
+    for m in (float_mask, bool_mask):
+        want = TORCH_SDPA(q, k, v, attn_mask=m)
+        with attention_core.patched(force=True):
+            got = F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+        assert torch.equal(got.isnan(), want.isnan())
+        torch.testing.assert_close(got.nan_to_num(0), want.nan_to_num(0), atol=1e-6, rtol=1e-5)
+    assert engine_calls_counter
