@@ -65,8 +65,8 @@ BY_FILE = [  # test files that do not exist in the mutated tree are dropped (the
 # test files about the patch, FFN and detection only: not run against mutants of the attention math
 NOT_CORE = {E + "test_detect_patch_ffn.py", E + "test_detection.py", E + "test_ffn_chunking.py",
             E + "test_global_patch.py"}
-# slow test files (real transformers/diffusers models) left out of the default engine selection
-SLOW = {E + "test_global_patch_models.py"}
+# slow test files (real transformers/diffusers models; torch.compile and torch.func) left out of the engine selection
+SLOW = {E + "test_global_patch_models.py", E + "test_transforms.py"}
 MODULES = {
     "engine": {
         # bench.py is the benchmark CLI (timings and a table), not engine behaviour: not mutated
