@@ -184,3 +184,49 @@ def test_is_oom_tells_memory_errors_from_the_rest():
     assert not is_oom(RuntimeError("CUDA error: an illegal memory access was encountered"))
     assert not is_oom(ValueError("out of memory"))  # not an allocator's error type
     assert not is_oom(AttentionMemoryError("out of memory: the engine's own verdict is final"))
+
+
+def _keep_bits(tier, p=0.5, b=2, h=3, lq=8, lk=64, **kw):
+    """The dropout keep bits of a call, read through the public API: with equal scores and V = identity,
+    out[b, h, i, j] = keep[b, h, i, j] / ((1 - p) * Lk)."""
+    q = torch.zeros(b, h, lq, 4, dtype=torch.float64)
+    k = torch.zeros(b, h, lk, 4, dtype=torch.float64)
+    v = torch.eye(lk, dtype=torch.float64).expand(b, h, lk, lk)
+    out = sdpa(q, k, v, dropout_p=p, tier=tier, **kw)
+    return out * (1 - p) * lk
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_dropout_bits_differ_between_every_row_head_and_batch(tier):
+    """Each (batch, head, query row) draws its own keep bits: no two of the 48 rows of 64 bits coincide
+    (2^-64 odds each for independent bits), and about half of the weights are kept at p = 0.5."""
+    torch.manual_seed(7)
+    keep = _keep_bits(tier, block_q=4, block_kv=16)
+    assert torch.allclose(keep, keep.round(), atol=1e-9) and set(keep.round().unique().tolist()) <= {0.0, 1.0}
+    rows = keep.round().reshape(-1, keep.shape[-1])
+    assert len({tuple(r.tolist()) for r in rows}) == rows.shape[0]
+    assert len({tuple(c.tolist()) for c in rows.T}) == rows.shape[1]  # and every key column differs too
+    assert 0.4 < rows.mean().item() < 0.6
+
+
+def test_online_key_tiles_halve_from_the_default_to_the_largest_that_fits():
+    """Under a tight budget the online tier's key tile is the default halved until it fits: a power-of-two
+    fraction of it, and twice that would not have fitted."""
+    from attention_core.memory import plan_forward
+    from attention_core.numerics import choose_numerics
+    from attention_core.problem import normalize
+    q = torch.randn(1, 2, 64, 16)
+    k = torch.randn(1, 2, 4096, 16)
+    p = normalize(q, k, k)
+    num = choose_numerics(q.dtype, q.device)
+    first = plan_forward(p, num, "online", 1 << 40).block_kv
+    seen = set()
+    for shift in range(10, 26):
+        plan = plan_forward(p, num, "online", 1 << shift)
+        if plan is None:
+            continue
+        seen.add(plan.block_kv)
+        assert first % plan.block_kv == 0 and (first // plan.block_kv) & (first // plan.block_kv - 1) == 0
+        if plan.block_kv < first:
+            assert plan_forward(p, num, "online", 1 << shift, block_kv=2 * plan.block_kv) is None
+    assert len(seen) >= 3  # the sweep really went through several halvings
