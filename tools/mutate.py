@@ -83,6 +83,14 @@ MODULES = {
 # Equivalent mutants, examined by hand: (file glob, the original line, the mutated line, why no test can kill it).
 # Lines are compared stripped, so the entries survive unrelated edits that move them.
 EQUIVALENT = [
+    ("attention_core/tiles.py", "if p.causal and j1 - 1 > i0:  # some key in the tile is right of some row's diagonal",
+     "if p.causal and j1 // 1 > i0:  # some key in the tile is right of some row's diagonal",
+     "the test only skips a no-op: with j1 - 1 == i0 no key is right of any row's diagonal, so the causal "
+     "masked_fill it now also runs changes nothing"),
+    ("attention_core/tiles.py",
+     "if p.causal and j1 - 1 > i0 + p.causal_offset:  # some key in the tile is right of some row's diagonal",
+     "if p.causal and j1 // 1 > i0 + p.causal_offset:  # some key in the tile is right of some row's diagonal",
+     "the test only skips a no-op: with j1 - 1 == i0 + offset no key is right of any row's diagonal"),
     ("attention_core/memory.py", "if p.dropout_p > 0:", "if p.dropout_p != 0:",
      "only a negative dropout_p (rejected by sdpa; meaningless in ops) would differ, and then only the tile "
      "size estimate grows: results are the same"),
