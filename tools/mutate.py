@@ -70,8 +70,7 @@ SLOW = {E + "test_global_patch_models.py", E + "test_transforms.py"}
 MODULES = {
     "engine": {
         # bench.py is the benchmark CLI (timings and a table), not engine behaviour: not mutated
-        "files": sorted(str(p.relative_to(ROOT)) for p in (ROOT / "attention_core").rglob("*.py")
-                        if p.name != "bench.py"),
+        "files": ["attention_core/**/*.py"],  # but not bench.py (see module_files)
         "tests": ["tests/engine"],
     },
     "adapter": {
@@ -161,7 +160,7 @@ def enumerate_mutants(tree: Path, module: str, operators):
     from cosmic_ray.commands.init import _operators
 
     mutants = []
-    for rel in MODULES[module]["files"]:
+    for rel in module_files(module, tree):
         module_ast = get_ast_from_path(tree / rel)
         nodes = list(ast_nodes(module_ast))
         for op_name, _op_args, op in _operators({}):
@@ -200,6 +199,15 @@ def _line_diff(source: str, mutated: str, rel: str, line: int):
     return before, after, diff, first + 1
 
 
+def module_files(module: str, tree: Path):
+    """The module's files in the mutated tree (the layout differs between revisions). attention_core/bench.py is
+    the benchmark CLI (timings and a table), not engine behaviour: not mutated."""
+    files = set()
+    for pattern in MODULES[module]["files"]:
+        files.update(str(f.relative_to(tree)) for f in tree.glob(pattern) if f.is_file())
+    return sorted(f for f in files if f != "attention_core/bench.py")
+
+
 def tests_for(module: str, path: str, tree: Path):
     """The test files run against a mutant of `path` (those that exist in the copied tree)."""
     tests = next((t for prefix, t in BY_FILE if path.startswith(prefix)), None)
@@ -221,7 +229,7 @@ def pytest_command(module: str, deselect=(), tests=None):
 def all_tests(module: str, tree: Path):
     """The union of the module's per-file selections: what the baseline runs."""
     files = set()
-    for rel in MODULES[module]["files"]:
+    for rel in module_files(module, tree):
         files.update(tests_for(module, rel, tree))
     return sorted(files, key=lambda t: (t in NEW_KILL_TESTS, t))
 
