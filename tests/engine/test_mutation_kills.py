@@ -230,3 +230,16 @@ def test_online_key_tiles_halve_from_the_default_to_the_largest_that_fits():
         if plan.block_kv < first:
             assert plan_forward(p, num, "online", 1 << shift, block_kv=2 * plan.block_kv) is None
     assert len(seen) >= 3  # the sweep really went through several halvings
+
+
+@pytest.mark.parametrize("mask_shape", [(7, 9), (1, 7, 9), (1, 1, 7, 9), (1, 4, 7, 9), (1, 1, 1, 9)])
+def test_a_mask_without_batch_dims_is_never_copied_per_batch(mask_shape):
+    """A mask that broadcasts over the batch stays one view of the caller's tensor (B = 3 copies of a
+    long-sequence mask would cost as much as the scores the tiles avoid), and the result still matches torch."""
+    from attention_core.problem import normalize
+    torch.manual_seed(9)
+    q, k, v = torch.randn(3, 4, 7, 8), torch.randn(3, 4, 9, 8), torch.randn(3, 4, 9, 8)
+    mask = torch.randn(*mask_shape)
+    p = normalize(q, k, v, mask)
+    assert p.mask5.shape[0] == 1 and p.mask5.data_ptr() == mask.data_ptr()
+    assert torch.allclose(sdpa(q, k, v, mask, block_q=4).double(), reference(q, k, v, mask), atol=1e-5)
