@@ -84,6 +84,11 @@ MODULES = {
 # Equivalent mutants, examined by hand: (file glob, the original line, the mutated line, why no test can kill it).
 # Lines are compared stripped, so the entries survive unrelated edits that move them.
 EQUIVALENT = [
+    ("attention_core/ffn.py",
+     "return max(1, min(n, math.ceil(act_bytes / max(1, free * AUTO_SHARE))))",
+     "return max(1, min(n, math.ceil(act_bytes / max( 0, free * AUTO_SHARE))))",
+     "free is at least 1 byte (0 is replaced by 4 GiB) and AUTO_SHARE > 0, so the floor of the divisor only "
+     "matters below 1 byte, where both give n chunks"),
     ("attention_core/tiles.py", "if p.causal and j1 - 1 > i0:  # some key in the tile is right of some row's diagonal",
      "if p.causal and j1 // 1 > i0:  # some key in the tile is right of some row's diagonal",
      "the test only skips a no-op: with j1 - 1 == i0 no key is right of any row's diagonal, so the causal "
@@ -373,10 +378,23 @@ def main(argv=None):
                     help="do not run the selection once under coverage first: every mutant then runs its file's "
                          "whole selection (slow), and tests that already fail must be passed with --deselect")
     ap.add_argument("--list", action="store_true", help="count the mutants, run nothing")
+    ap.add_argument("--rescore", metavar="JSON",
+                    help="no run: re-read a --json file, apply the current EQUIVALENT list, print the report")
     ap.add_argument("--json", help="also write every mutant's outcome to this JSON file")
     ap.add_argument("--report", help="also write the markdown report to this file")
     args = ap.parse_args(argv)
 
+    if args.rescore:
+        with open(args.rescore, encoding="utf-8") as f:
+            results = {mod: [Mutant(**m) for m in ms] for mod, ms in json.load(f).items()}
+        for ms in results.values():
+            for m in ms:
+                why = equivalent_reason(m) if m.diff else None
+                if why and m.outcome in ("survived", "timeout"):
+                    m.outcome, m.why = "equivalent", why
+        totals = {mod: "?" for mod in results}
+        report(results, totals, {}, args)
+        return 0
     os.environ.setdefault("COMFYUI_PATH", str(ROOT / ".cache" / "comfyui-0.3.75"))
     os.environ.setdefault("COMFYUI_LATEST_PATH", str(ROOT / ".cache" / "comfyui-0.33.0"))
     modules = sorted(MODULES) if args.module == "all" else [args.module]
