@@ -243,3 +243,16 @@ def test_a_mask_without_batch_dims_is_never_copied_per_batch(mask_shape):
     p = normalize(q, k, v, mask)
     assert p.mask5.shape[0] == 1 and p.mask5.data_ptr() == mask.data_ptr()
     assert torch.allclose(sdpa(q, k, v, mask, block_q=4).double(), reference(q, k, v, mask), atol=1e-5)
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_ample_budget_gives_tall_tiles_in_multiples_of_16(tier):
+    """With memory to spare a tile takes every query row up to the target size, rounded down to a multiple of 16
+    rows once it is 64 or more (GEMM-friendly): never a sliver of a few rows."""
+    from attention_core.memory import plan_forward
+    from attention_core.numerics import choose_numerics
+    from attention_core.problem import normalize
+    q, k = torch.randn(1, 2, 1000, 16), torch.randn(1, 2, 256, 16)
+    p = normalize(q, k, k)
+    plan = plan_forward(p, choose_numerics(q.dtype, q.device), tier, 1 << 34)
+    assert plan.block_h == 2 and plan.block_q % 16 == 0 and 1000 - 16 < plan.block_q <= 1000
