@@ -1,7 +1,10 @@
 """attention_core: exact tiled attention in plain PyTorch matmuls, O(N) memory in forward and backward.
 
 Public API
-    scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, *, tier, ...)
+    scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, *, tier, ...,
+                                 return_lse=False)   torch's SDPA; a torch custom op (torch.compile, torch.func)
+    ops.attention_forward / ops.attention_backward   raw (out, lse) forward and the backward given O and lse
+    TIERS, TIER_CHOICES                          the tier names ("auto" + TIERS is what `tier` accepts)
     detect(device=None) -> DeviceReport         does this device need tiled attention?
     enable(), disable(), is_enabled(), patched()  optional global patch of torch's SDPA (never at import)
     chunk_ffn(module, chunks=0), ChunkedFFN      exact token-chunked feed-forward

@@ -1,14 +1,16 @@
-"""The differentiable boundary: the engine as torch custom ops with autograd, vmap and fake (meta) rules.
+"""The differentiable boundary: the engine as torch custom ops, tied together by one autograd.Function.
 
     tiled_attention::fwd (q5, k4, v4, mask5, seed, config...) -> (O5, L, row max)
     tiled_attention::bwd (dO5, dL, q5, k4, v4, mask5, O5, L, row max, seed, config...) -> (dq5, dk4, dv4, dmask5)
 
 Tensors are in problem.py's canonical layout; everything else is a schema type (bool, int, float, str, None), so
 torch.compile(fullgraph=True) traces through the call and tile planning (free memory, data-dependent bounds)
-happens inside the op. Autograd saves q, k, v, the mask, O and the fp32 L (and row max) only: O(N) memory.
-The ops have vmap rules (the vmapped dim folded into the batch dim); TiledAttention ties them together. A backward run with grad mode on (create_graph=True, torch.func
-transforms) takes a differentiable recompute instead (plain torch ops; it keeps the full score matrix for the
-graph, so it is O(Lq * Lk) memory); first-order backward never does.
+happens inside the op (fake rules give the shapes). Both ops have vmap rules (the vmapped dim folded into the
+batch dim). TiledAttention (setup_context, generate_vmap_rule) saves q, k, v, the mask, O and the fp32 L and
+row max only: O(N) memory; it works under torch.func (grad, vmap, jacrev; not forward-mode AD: jvp, hessian).
+A backward run with grad mode on (create_graph=True, torch.func.grad) takes a differentiable recompute instead
+(plain torch ops; it keeps the full score matrix for the graph, O(Lq * Lk) memory); first-order backward never
+does.
 """
 from __future__ import annotations
 
@@ -27,19 +29,19 @@ from .problem import AttentionProblem
 def attention_fwd(q5: Tensor, k4: Tensor, v4: Tensor, mask5: Optional[Tensor], seed: Optional[Tensor],
                   causal: bool, causal_offset: int, scale: float, dropout_p: float, tier: str,
                   block_q: Optional[int], block_kv: Optional[int], memory_budget: Optional[int], precision: str,
-                  flush_to_zero: Optional[bool]) -> Tuple[Tensor, Tensor, Tensor]:
+                  flush_to_zero: Optional[bool], need_stats: bool) -> Tuple[Tensor, Tensor, Tensor]:
     s = int(seed.item()) if seed is not None else 0
     return forward_canonical(q5, k4, v4, mask5, s, causal, causal_offset, scale, dropout_p, tier, block_q,
-                             block_kv, memory_budget, precision, flush_to_zero)
+                             block_kv, memory_budget, precision, flush_to_zero, need_stats)
 
 
 @attention_fwd.register_fake
 def _attention_fwd_fake(q5, k4, v4, mask5, seed, causal, causal_offset, scale, dropout_p, tier, block_q, block_kv,
-                        memory_budget, precision, flush_to_zero):
+                        memory_budget, precision, flush_to_zero, need_stats):
     B, H, G, Lq, _ = q5.shape
     st = stats_dtype(q5.dtype)
-    return (q5.new_empty((B, H, G, Lq, v4.shape[-1])), q5.new_empty((B, H, G, Lq), dtype=st),
-            q5.new_empty((B, H, G, Lq), dtype=st))
+    stats = (B, H, G, Lq) if need_stats else (0,)
+    return (q5.new_empty((B, H, G, Lq, v4.shape[-1])), q5.new_empty(stats, dtype=st), q5.new_empty(stats, dtype=st))
 
 
 @torch.library.custom_op("tiled_attention::bwd", mutates_args=())
@@ -71,7 +73,7 @@ class TiledAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(q5, k4, v4, mask5, seed, *config):
-        out5, lse, rowmax = torch.ops.tiled_attention.fwd(q5, k4, v4, mask5, seed, *config)
+        out5, lse, rowmax = torch.ops.tiled_attention.fwd(q5, k4, v4, mask5, seed, *config, True)
         return out5, lse, rowmax
 
     @staticmethod
@@ -96,12 +98,13 @@ class TiledAttention(torch.autograd.Function):
         return (dq, dk, dv, dm if need_dmask else None) + (None,) * (1 + len(ctx.config))
 
 
-def tiled_attention(q5, k4, v4, mask5, seed, *config):
-    """(O5, L): the differentiable engine call in the canonical layout (config as tiled_attention::fwd)."""
+def tiled_attention(q5, k4, v4, mask5, seed, *config, need_lse: bool = True):
+    """(O5, L): the differentiable engine call in the canonical layout (config as tiled_attention::fwd, less
+    need_stats). Without grads and need_lse=False, L is not computed (an empty tensor)."""
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q5, k4, v4, mask5)):
         out5, lse, _ = TiledAttention.apply(q5, k4, v4, mask5, seed, *config)
     else:  # nothing to differentiate: the op alone (torch.compile cannot trace a Function without grads)
-        out5, lse, _ = torch.ops.tiled_attention.fwd(q5, k4, v4, mask5, seed, *config)
+        out5, lse, _ = torch.ops.tiled_attention.fwd(q5, k4, v4, mask5, seed, *config, need_lse)
     return out5, lse
 
 
@@ -197,6 +200,8 @@ def _fwd_vmap(info, in_dims, q5, k4, v4, mask5, seed, *config):
     q, k, v = (_fold(_batched(t, d, n)) for t, d in zip((q5, k4, v4), in_dims[:3]))
     m = _fold_mask(mask5, in_dims[3], n, B, False)
     out, lse, rowmax = torch.ops.tiled_attention.fwd(q, k, v, m, seed, *config)
+    if not config[-1]:  # need_stats=False: L and the row max are empty
+        return (out.view(n, B, *out.shape[1:]), lse, rowmax), (0, None, None)
     return tuple(t.view(n, B, *t.shape[1:]) for t in (out, lse, rowmax)), (0, 0, 0)
 
 

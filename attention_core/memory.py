@@ -6,6 +6,7 @@ the GEMMs efficient (bigger tiles buy nothing past that, and on the CPU they fal
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Optional
 
@@ -25,7 +26,7 @@ FREE_FRACTION = {"cpu": 0.5, "other": 0.7}
 
 
 class AttentionMemoryError(MemoryError):
-    """Even the smallest online tile does not fit."""
+    """Even the smallest online tile does not fit; __cause__ is the last out-of-memory error, if any."""
 
 
 @dataclass(frozen=True)
@@ -75,8 +76,10 @@ def free_memory(device: torch.device) -> Optional[int]:
 def tile_budget(device: torch.device, memory_budget: Optional[int] = None) -> int:
     """Bytes one call's tiles may use: `memory_budget` when given, else a share of the free memory."""
     if memory_budget is not None:
-        if memory_budget <= 0:
-            raise ValueError(f"memory_budget must be a positive number of bytes, got {memory_budget}")
+        ok = isinstance(memory_budget, (int, float)) and not isinstance(memory_budget, bool)
+        if not ok or not math.isfinite(memory_budget) or memory_budget <= 0:
+            raise ValueError(f"memory_budget must be a positive, finite number of bytes (or None for a share of "
+                             f"the free memory), got {memory_budget!r}")
         return int(memory_budget)
     free = free_memory(device)
     if free is None:

@@ -3,12 +3,16 @@ from __future__ import annotations
 
 import torch
 
-_OOM_TEXT = ("out of memory", "can't allocate memory", "cannot allocate memory", "failed to allocate")
+from .memory import AttentionMemoryError
+
+# lower case; ROCm reports "HIP out of memory" (caught by the first) or only the enum name hipErrorOutOfMemory
+_OOM_TEXT = ("out of memory", "can't allocate memory", "cannot allocate memory", "failed to allocate",
+             "hiperroroutofmemory", "hip_error_out_of_memory", "cudaerrormemoryallocation")
 
 
 def is_oom(e: BaseException) -> bool:
-    """torch.OutOfMemoryError, a host MemoryError, or an accelerator error whose message says out of memory."""
-    from .memory import AttentionMemoryError
+    """torch.OutOfMemoryError, a host MemoryError, or an accelerator error (CUDA or ROCm/HIP) whose message says
+    out of memory."""
     if isinstance(e, AttentionMemoryError):
         return False
     oom_type = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", ())

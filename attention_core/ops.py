@@ -15,7 +15,6 @@ backward with the same seed reproduces them.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from typing import Optional
 
@@ -23,6 +22,7 @@ import torch
 
 from .autocast import autocast_inputs, no_autocast
 from .driver import CallConfig, run_backward, run_forward
+from .memory import tile_budget
 from .numerics import choose_numerics, stats_dtype
 from .problem import AttentionProblem, normalize
 
@@ -43,13 +43,7 @@ def check_options(tier="auto", block_q=None, block_kv=None, memory_budget=None, 
             raise ValueError(f"{name} must be a positive int, got {b!r}")
     if flush_to_zero is not None and not isinstance(flush_to_zero, bool):
         raise ValueError(f"flush_to_zero must be None, True or False, got {flush_to_zero!r}")
-    if memory_budget is not None:
-        ok = isinstance(memory_budget, (int, float)) and not isinstance(memory_budget, bool)
-        if not ok or not math.isfinite(memory_budget) or memory_budget <= 0:
-            raise ValueError(f"memory_budget must be a positive, finite number of bytes (or None for a share of "
-                             f"the free memory), got {memory_budget!r}")
-        memory_budget = int(memory_budget)
-    return memory_budget
+    return None if memory_budget is None else tile_budget(torch.device("cpu"), memory_budget)
 
 
 def _problem(q5, k4, v4, mask5, seed: int, causal: bool, causal_offset: int, scale: float,
@@ -61,23 +55,26 @@ def _problem(q5, k4, v4, mask5, seed: int, causal: bool, causal_offset: int, sca
 
 def forward_canonical(q5, k4, v4, mask5, seed: int, causal: bool, causal_offset: int, scale: float,
                       dropout_p: float, tier="auto", block_q=None, block_kv=None, memory_budget=None, precision="auto",
-                      flush_to_zero=None):
-    """(O5 (B, Hkv, G, Lq, Ev) in the input dtype, L and the row max (B, Hkv, G, Lq) in the statistics dtype)."""
+                      flush_to_zero=None, need_stats: bool = True):
+    """(O5 (B, Hkv, G, Lq, Ev) in the input dtype, L and the row max (B, Hkv, G, Lq) in the statistics dtype);
+    need_stats=False skips L and the row max (both returned empty, shape (0,))."""
     p = _problem(q5, k4, v4, mask5, seed, causal, causal_offset, scale, dropout_p)
     st = stats_dtype(p.dtype)
     shape = (p.B, p.Hkv, p.G, p.Lq)
     with torch.no_grad(), no_autocast(p.device.type):
         if p.Lq == 0 or p.B == 0 or p.Hkv == 0 or p.G == 0 or p.Lk == 0:
             out = torch.zeros(*shape, p.Ev, dtype=p.dtype, device=p.device)
-            lse = torch.full(shape, float("-inf"), dtype=st, device=p.device)
+            lse = torch.full(shape if need_stats else (0,), float("-inf"), dtype=st, device=p.device)
             return out, lse, lse.clone()
         num = choose_numerics(p.dtype, p.device, precision, (q5, k4, v4), flush_to_zero)
         cfg = CallConfig(tier, block_q, block_kv, memory_budget)
         if p.dropout_p >= 1.0:  # everything dropped: O = 0; L is of the scores, as without dropout
-            res = run_forward(replace(p, dropout_p=0.0), num, cfg, need_stats=True)
+            res = run_forward(replace(p, dropout_p=0.0), num, cfg, need_stats=need_stats)
             res.out.zero_()
         else:
-            res = run_forward(p, num, cfg, need_stats=True)
+            res = run_forward(p, num, cfg, need_stats=need_stats)
+        if not need_stats:
+            return res.out, p.q5.new_empty((0,), dtype=st), p.q5.new_empty((0,), dtype=st)
         return res.out, res.lse, res.rowmax
 
 

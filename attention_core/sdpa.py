@@ -40,9 +40,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     p = normalize(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, draw_seed=False)
     seed = torch.randint(0, 2 ** 62, (), dtype=torch.int64) if p.dropout_p > 0 else None
     out5, lse = tiled_attention(p.q5, p.k4, p.v4, p.mask5, seed, p.causal, p.causal_offset, p.scale, p.dropout_p,
-                                tier, block_q, block_kv, memory_budget, precision, flush_to_zero)
+                                tier, block_q, block_kv, memory_budget, precision, flush_to_zero, need_lse=return_lse)
     out = out5.reshape(p.out_shape)
+    if not return_lse:
+        return out.squeeze(0) if p.squeeze_2d else out
     lse = lse.reshape(p.out_shape[:-1])
-    if p.squeeze_2d:
-        out, lse = out.squeeze(0), lse.squeeze(0)
-    return (out, lse) if return_lse else out
+    return (out.squeeze(0), lse.squeeze(0)) if p.squeeze_2d else (out, lse)

@@ -6,6 +6,8 @@ A tile covers query rows [i0, i1) of every (batch, head) and keys [j0, j1). Shap
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .numerics import FP16_SAFE, Numerics, dropout_keep, row_norm_max
@@ -27,6 +29,17 @@ class TileSource:
         self.v = p.v4.to(cd).contiguous()
         self._k32 = None
         self._v32 = None
+        # Unnormalised weights (each <= 1) times V summed over a row of Lk keys reach Lk * max|v|: past the range
+        # of an fp32 / fp64 accumulator for |v| near its max, where torch's normalised P @ V stays finite. Then V
+        # is scaled by an exact power of two v_scale and `unscale` undoes it on the normalised output.
+        self.v_scale = 1.0
+        self._v_raw = self.v
+        if cd in (torch.float32, torch.float64) and p.v4.numel():
+            vmax = float(_finite_abs_max(p.v4))
+            limit = torch.finfo(cd).max / 4
+            if vmax * p.Lk >= limit:
+                self.v_scale = 2.0 ** -math.ceil(math.log2(vmax) + math.log2(p.Lk) - math.log2(limit))
+                self.v = self.v * self.v_scale
         # fp16 can overflow in the score GEMM (|q.k| * scale > 65504) and in P @ V over many keys.
         self.guard = cd == torch.float16
         self._qbound = None
@@ -93,9 +106,21 @@ class TileSource:
         cols = torch.arange(j0, j1, device=p.device, dtype=torch.int64).view(1, -1)
         return dropout_keep(p.dropout_seed, p.dropout_p, self.head_index, rows, cols, p.Lq, p.Lk)
 
-    def value(self, j0: int, j1: int, dtype) -> torch.Tensor:
+    def unscale(self, o: torch.Tensor) -> torch.Tensor:
+        """A normalised output computed from `value` tiles, back to V's scale."""
+        return o if self.v_scale == 1.0 else o / self.v_scale
+
+    def value(self, j0: int, j1: int, dtype, raw: bool = False) -> torch.Tensor:
+        """V tile of keys [j0, j1) in `dtype`, times v_scale unless raw (see __init__)."""
+        if raw and self.v_scale != 1.0:
+            return self._v_raw[:, :, j0:j1]
         v = self.v if dtype == self.v.dtype else (self.v32 if dtype == torch.float32 else self.v.to(dtype))
         return v[:, :, j0:j1]
+
+
+def _finite_abs_max(t: torch.Tensor) -> torch.Tensor:
+    a = t.detach().abs()
+    return torch.where(torch.isfinite(a), a, torch.zeros((), dtype=a.dtype, device=a.device)).max()
 
 
 def lazy_source(p: AttentionProblem, num: Numerics):

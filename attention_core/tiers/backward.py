@@ -73,7 +73,7 @@ def backward(src: TileSource, out, lse, rowmax, dout, dlse, block_q, block_kv, n
             pd = prob.masked_fill(~keep, 0.0).mul_(inv_keep) if drop else prob
             dv[:, :, j0:j1] += torch.matmul(pd.view(B, H, rows, bk).transpose(-1, -2).to(cd), dot).to(st)
             del pd
-            vt = src.value(j0, j1, cd)
+            vt = src.value(j0, j1, cd, raw=True)
             dp = torch.matmul(dot, vt.transpose(-1, -2)).view(B, H, G, bq, bk).to(st)
             if drop:
                 dp.masked_fill_(~keep, 0.0).mul_(inv_keep)

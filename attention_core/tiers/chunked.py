@@ -16,13 +16,14 @@ def forward(src: TileSource, block_q: int, block_kv: int, need_stats: bool) -> T
     for i0, i1, kend, qt in query_tiles(src, block_q):
         s = src.scores(qt, i0, i1, 0, kend)
         ftz = num.ftz and s.dtype != torch.float16  # fp16 weights flush by themselves (see numerics)
-        m = s.amax(-1, keepdim=True) if (need_stats or ftz or p.mask5 is not None) else None
+        may_be_empty = p.mask5 is not None or (p.causal and p.causal_offset < 0)  # rows with no visible key
+        m = s.amax(-1, keepdim=True) if (need_stats or ftz or may_be_empty) else None
         if ftz:
             s.sub_(safe_max(m))
             flush_to_zero_(s)
         probs = torch.softmax(s, dim=-1)
         del s
-        if p.mask5 is not None:
+        if may_be_empty:
             empty = torch.isneginf(m)
             if bool(empty.any()):  # torch gives 0 for rows with every key masked
                 probs.masked_fill_(empty, 0.0)
@@ -34,5 +35,5 @@ def forward(src: TileSource, block_q: int, block_kv: int, need_stats: bool) -> T
         v = src.value(0, kend, num.compute)
         o = torch.matmul(probs.view(p.B, p.Hkv, p.G * (i1 - i0), kend).to(v.dtype), v)
         del probs
-        res.store(i0, i1, o, m, log_l)
+        res.store(i0, i1, src.unscale(o), m, log_l)
     return res

@@ -26,7 +26,7 @@ def forward(src: TileSource, block_q: int, block_kv: int, need_stats: bool) -> T
             s.masked_fill_(~src.keep(i0, i1, 0, kend), 0.0)
         rows = p.G * (i1 - i0)
         if src.pv_needs_fp32(kend):  # unnormalised weights summed over kend keys could overflow fp16: normalise first
-            s.div_(l_safe.to(s.dtype))
+            s.div_(l_safe)  # by the fp32 sum: l itself can pass fp16's range (70000 keys of weight 1)
             o = torch.matmul(s.view(p.B, p.Hkv, rows, kend).to(num.compute), src.value(0, kend, num.compute))
         else:
             v = src.value(0, kend, num.compute)
@@ -35,5 +35,5 @@ def forward(src: TileSource, block_q: int, block_kv: int, need_stats: bool) -> T
         del s
         if p.dropout_p > 0:
             o = o * (1.0 / (1.0 - p.dropout_p))
-        res.store(i0, i1, o, m, torch.log(l) if need_stats else None)
+        res.store(i0, i1, src.unscale(o), m, torch.log(l) if need_stats else None)
     return res

@@ -45,5 +45,5 @@ def forward(src: TileSource, block_q: int, block_kv: int, need_stats: bool) -> T
         o = acc.div_(l_safe)
         if p.dropout_p > 0:
             o.mul_(1.0 / (1.0 - p.dropout_p))
-        res.store(i0, i1, o, m, torch.log(l) if need_stats else None)
+        res.store(i0, i1, src.unscale(o), m, torch.log(l) if need_stats else None)
     return res

@@ -141,3 +141,16 @@ def test_double_backward_through_lse():
     (g2 ** 2).sum().backward()
     close(xs[0].grad, ys[0].grad)
     close(xs[1].grad, ys[1].grad)
+
+
+def test_double_backward_path_keeps_the_dropout_bits():
+    """create_graph=True takes the differentiable recompute; its first-order gradients equal the tiled
+    backward's, dropout bits included (same seed -> same keep mask)."""
+    q, k, v = (t.requires_grad_(True) for t in inputs())
+    torch.manual_seed(1)
+    fast = torch.autograd.grad(sdpa(q, k, v, dropout_p=0.3).pow(2).sum(), (q, k, v))
+    torch.manual_seed(1)
+    diff = torch.autograd.grad(sdpa(q, k, v, dropout_p=0.3).pow(2).sum(), (q, k, v), create_graph=True)
+    for a, b in zip(fast, diff):
+        assert b.requires_grad
+        close(a, b.detach())
