@@ -84,6 +84,11 @@ MODULES = {
 # Equivalent mutants, examined by hand: (file glob, the original line, the mutated line, why no test can kill it).
 # Lines are compared stripped, so the entries survive unrelated edits that move them.
 EQUIVALENT = [
+    ("attention_core/tiles.py",
+     "if p.causal and j1 - 1 > i0 + p.causal_offset:  # some key in the tile is right of some row's diagonal",
+     "if p.causal and j1 - 1 > i0 | p.causal_offset:  # some key in the tile is right of some row's diagonal",
+     "i0 >= 0, so i0 | offset = i0 + offset - (i0 & offset) <= i0 + offset: the test only widens, and the causal "
+     "masked_fill it lets through more often is a no-op there"),
     ("attention_core/ffn.py",
      "return max(1, min(n, math.ceil(act_bytes / max(1, free * AUTO_SHARE))))",
      "return max(1, min(n, math.ceil(act_bytes / max( 0, free * AUTO_SHARE))))",
