@@ -256,3 +256,17 @@ def test_ample_budget_gives_tall_tiles_in_multiples_of_16(tier):
     p = normalize(q, k, k)
     plan = plan_forward(p, choose_numerics(q.dtype, q.device), tier, 1 << 34)
     assert plan.block_h == 2 and plan.block_q % 16 == 0 and 1000 - 16 < plan.block_q <= 1000
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_dropout_bits_differ_between_the_query_heads_of_a_gqa_group(tier):
+    """GQA stacks a kv head's query heads on the rows of one GEMM; each query head still draws its own bits."""
+    torch.manual_seed(8)
+    b, hq, hkv, lq, lk, p = 2, 4, 2, 6, 64, 0.5
+    q = torch.zeros(b, hq, lq, 4, dtype=torch.float64)
+    k = torch.zeros(b, hkv, lk, 4, dtype=torch.float64)
+    v = torch.eye(lk, dtype=torch.float64).expand(b, hkv, lk, lk)
+    keep = (sdpa(q, k, v, dropout_p=p, enable_gqa=True, tier=tier, block_q=4, block_kv=16) * (1 - p) * lk).round()
+    rows = keep.reshape(-1, lk)
+    assert set(rows.unique().tolist()) <= {0.0, 1.0}
+    assert len({tuple(r.tolist()) for r in rows}) == rows.shape[0]
