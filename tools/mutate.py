@@ -84,6 +84,18 @@ MODULES = {
 # Equivalent mutants, examined by hand: (file glob, the original line, the mutated line, why no test can kill it).
 # Lines are compared stripped, so the entries survive unrelated edits that move them.
 EQUIVALENT = [
+    ("nodes/comfy_adapter.py", 'tier = "auto" if settings.mode == "auto" else settings.mode',
+     'tier = "auto" if settings.mode < "auto" else settings.mode',
+     "the original is just tier = settings.mode; every mode sorts at or after \"auto\" and is an interned "
+     "literal, so the mutated test is true only for \"auto\" (or never) and tier is still settings.mode"),
+    ("nodes/comfy_adapter.py", 'tier = "auto" if settings.mode == "auto" else settings.mode',
+     'tier = "auto" if settings.mode <= "auto" else settings.mode',
+     "the original is just tier = settings.mode; every mode sorts at or after \"auto\" and is an interned "
+     "literal, so the mutated test is true only for \"auto\" (or never) and tier is still settings.mode"),
+    ("nodes/comfy_adapter.py", 'tier = "auto" if settings.mode == "auto" else settings.mode',
+     'tier = "auto" if settings.mode is "auto" else settings.mode',
+     "the original is just tier = settings.mode; every mode sorts at or after \"auto\" and is an interned "
+     "literal, so the mutated test is true only for \"auto\" (or never) and tier is still settings.mode"),
     ("attention_core/tiles.py",
      "if p.causal and j1 - 1 > i0 + p.causal_offset:  # some key in the tile is right of some row's diagonal",
      "if p.causal and j1 - 1 > i0 | p.causal_offset:  # some key in the tile is right of some row's diagonal",
