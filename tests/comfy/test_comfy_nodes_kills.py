@@ -173,3 +173,15 @@ def test_install_replaces_this_packs_override_and_keeps_a_foreign_one(adapter):
     assert adapter.install(two, S(mode="off")).model_options["transformer_options"][adapter.OVERRIDE_KEY] is foreign
     bare = adapter.install(adapter.install(Patcher(), S(mode="online")), S(mode="off"))
     assert adapter.OVERRIDE_KEY not in bare.model_options["transformer_options"]
+
+
+def test_min_tokens_reads_the_sequence_length_in_both_layouts(adapter):
+    """min_tokens compares against the longer of Nq and Nk, whether q/k come as [B, N, H*D] or (skip_reshape) as
+    [B, H, N, D] (H = 2 here, below min_tokens; one sequence is 20 >= 10, the other 5)."""
+    settings = adapter.PatchSettings(mode="chunked", min_tokens=10)
+    fn = adapter.make_override(settings)
+    long, short = torch.randn(1, 20, 2 * 8), torch.randn(1, 5, 2 * 8)
+    for q, k in ((long, short), (short, long)):
+        fn(None, heads_of(q, 2), heads_of(k, 2), heads_of(k, 2), 2, skip_reshape=True)
+        fn(None, q, k, k, 2)
+    assert settings.stats == {"engine": 4, "passthrough": 0}
