@@ -1,0 +1,187 @@
+"""The ComfyUI adapter's calling conventions, argument by argument (issue 13: tests that kill the mutants of
+nodes/comfy_adapter.py the node tests could not see). The pack is loaded as ComfyUI loads it, in a real ComfyUI;
+every result is compared with torch's SDPA on the same inputs."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from comfy_harness import load_pack
+
+
+@pytest.fixture(scope="module")
+def adapter():
+    load_pack()
+    from tiled_attention_pack.nodes import comfy_adapter
+    return comfy_adapter
+
+
+def heads_of(t, h):
+    b, n, hd = t.shape
+    return t.view(b, n, h, hd // h).transpose(1, 2)
+
+
+def merged(t):
+    b, h, n, d = t.shape
+    return t.transpose(1, 2).reshape(b, n, h * d)
+
+
+def test_bind_call_names_positional_and_keyword_arguments(adapter):
+    q = torch.zeros(1, 2, 4)
+    call = adapter.bind_call((q, q, q, 2), {"mask": "m", "skip_output_reshape": True})
+    assert call["heads"] == 2 and call["mask"] == "m" and call["skip_output_reshape"] is True
+    assert call["attn_precision"] is None and call["skip_reshape"] is False
+    call = adapter.bind_call((q, q, q), {"heads": 3})
+    assert call["heads"] == 3 and call["mask"] is None
+    with pytest.raises(TypeError, match="at most 8 positional"):
+        adapter.bind_call((q,) * 9, {})
+    with pytest.raises(TypeError, match="without heads"):
+        adapter.bind_call((q, q, q), {})
+    with pytest.raises(TypeError, match="without v"):
+        adapter.bind_call((q, q), {"heads": 1})
+
+
+def test_heads_that_do_not_split_the_width_are_named(adapter):
+    fn = adapter.make_override(adapter.PatchSettings(mode="chunked"))
+    q = torch.randn(1, 5, 12)
+    with pytest.raises(ValueError, match=r"does not split into 5 heads"):
+        fn(None, q, q, q, 5)
+    with pytest.raises(ValueError, match=r"does not split into 0 heads"):
+        fn(None, q, q, q, 0)
+
+
+@pytest.mark.parametrize("mask_shape", [(6, 9), (2, 6, 9), (2, 1, 6, 9), (2, 1, 1, 9)])
+def test_masks_in_comfy_shapes(adapter, mask_shape):
+    """2-D (Nq, Nk) -> (1, 1, Nq, Nk), 3-D (B, Nq, Nk) -> (B, 1, Nq, Nk), 4-D as is; float masks are added."""
+    torch.manual_seed(1)
+    q, k, v = torch.randn(2, 6, 16), torch.randn(2, 9, 16), torch.randn(2, 9, 16)
+    mask = torch.randn(*mask_shape) * 3
+    out = adapter.make_override(adapter.PatchSettings(mode="online"))(None, q, k, v, 4, mask)
+    m4 = mask.view((1,) * (4 - mask.dim()) + tuple(mask.shape)) if mask.dim() != 3 else mask.unsqueeze(1)
+    ref = merged(F.scaled_dot_product_attention(heads_of(q, 4), heads_of(k, 4), heads_of(v, 4), m4))
+    assert torch.allclose(out, ref, atol=1e-5)
+
+
+def test_min_tokens_is_a_strict_lower_bound_on_the_longer_sequence(adapter):
+    settings = adapter.PatchSettings(mode="chunked", min_tokens=9)
+    fn = adapter.make_override(settings)
+    q, k = torch.randn(1, 6, 8), torch.randn(1, 9, 8)
+    fn(_comfy_like, q, k, k, 2)  # max(6, 9) = 9: not below 9
+    assert settings.stats == {"engine": 1, "passthrough": 0}
+    fn(_comfy_like, q, q, q, 2)  # 6 < 9: ComfyUI's own attention
+    assert settings.stats == {"engine": 1, "passthrough": 1}
+
+
+def _comfy_like(q, k, v, heads, mask=None, attn_precision=None, skip_reshape=False, skip_output_reshape=False,
+                **kw):
+    out = F.scaled_dot_product_attention(heads_of(q, heads), heads_of(k, heads), heads_of(v, heads))
+    return merged(out)
+
+
+def test_passthrough_goes_to_the_previous_override_with_the_callers_arguments(adapter):
+    seen = []
+
+    def previous(func, *args, **kwargs):
+        seen.append((func, len(args), sorted(kwargs)))
+        return func(*args, **kwargs)
+    settings = adapter.PatchSettings(mode="off")
+    fn = adapter.make_override(settings, previous)
+    q = torch.randn(1, 4, 8)
+    out = fn(_comfy_like, q, q, q, 2, mask=None, transformer_options={})
+    assert seen == [(_comfy_like, 4, ["mask", "transformer_options"])]
+    assert torch.allclose(out, _comfy_like(q, q, q, 2)) and settings.stats["passthrough"] == 1
+    assert fn.previous is previous and getattr(fn, adapter.MARK) is settings
+
+
+def test_engine_options_follow_the_settings_and_the_call(adapter, monkeypatch):
+    """mode -> tier, memory_budget_mb -> bytes, half_precision -> precision; attn_precision=fp32 or
+    low_precision_attention=False (with bf16_to_fp16) ask for fp32."""
+    seen = []
+    real = adapter.scaled_dot_product_attention
+
+    def spy(*a, **kw):
+        seen.append({k: kw[k] for k in ("tier", "memory_budget", "precision", "scale", "enable_gqa")})
+        return real(*a, **kw)
+    monkeypatch.setattr(adapter, "scaled_dot_product_attention", spy)
+    q = torch.randn(1, 4, 8)
+    S = adapter.PatchSettings
+    adapter.make_override(S(mode="inplace", memory_budget_mb=3, half_precision="bf16_to_fp16"))(None, q, q, q, 2)
+    adapter.make_override(S(mode="online"))(None, q, q, q, 2, attn_precision=torch.float32)
+    adapter.make_override(S(mode="online", half_precision="bf16_to_fp16"))(None, q, q, q, 2,
+                                                                           low_precision_attention=False)
+    adapter.make_override(S(mode="online", half_precision="keep"))(None, q, q, q, 2, low_precision_attention=False,
+                                                                   scale=0.5)
+    adapter.make_override(S(mode="chunked", half_precision="bf16_to_fp16"))(None, q, q, q, 2,
+                                                                            low_precision_attention=True)
+    assert seen == [
+        {"tier": "inplace", "memory_budget": 3 << 20, "precision": "fp16", "scale": None, "enable_gqa": False},
+        {"tier": "online", "memory_budget": None, "precision": "fp32", "scale": None, "enable_gqa": False},
+        {"tier": "online", "memory_budget": None, "precision": "fp32", "scale": None, "enable_gqa": False},
+        {"tier": "online", "memory_budget": None, "precision": "auto", "scale": 0.5, "enable_gqa": False},
+        {"tier": "chunked", "memory_budget": None, "precision": "fp16", "scale": None, "enable_gqa": False},
+    ]
+
+
+def test_auto_mode_asks_detection_for_the_queries_device(adapter, monkeypatch):
+    asked = []
+
+    class Report:
+        needs_tiled_attention = True
+    monkeypatch.setattr(adapter, "detect", lambda device: asked.append(device) or Report())
+    settings = adapter.PatchSettings(mode="auto")
+    q = torch.randn(1, 4, 8)
+    out = adapter.make_override(settings)(_comfy_like, q, q, q, 2)
+    assert asked == [q.device] and settings.stats["engine"] == 1
+    assert torch.allclose(out, _comfy_like(q, q, q, 2), atol=1e-6)
+
+
+def test_skip_reshape_and_skip_output_reshape_each_on_their_own(adapter):
+    torch.manual_seed(2)
+    q, k, v = torch.randn(2, 5, 12), torch.randn(2, 7, 12), torch.randn(2, 7, 12)
+    ref4 = F.scaled_dot_product_attention(heads_of(q, 3), heads_of(k, 3), heads_of(v, 3))
+    fn = adapter.make_override(adapter.PatchSettings(mode="chunked"))
+    out = fn(None, q, k, v, 3, skip_output_reshape=True)  # [B, N, H*D] in, [B, H, N, D] out
+    assert out.shape == (2, 3, 5, 4) and torch.allclose(out, ref4, atol=1e-5)
+    out = fn(None, heads_of(q, 3), heads_of(k, 3), heads_of(v, 3), 3, skip_reshape=True)  # heads in, merged out
+    assert out.shape == (2, 5, 12) and torch.allclose(out, merged(ref4), atol=1e-5)
+
+
+def test_gqa_with_value_width_different_from_key_width(adapter):
+    torch.manual_seed(3)
+    q, k, v = torch.randn(1, 5, 4 * 8), torch.randn(1, 6, 2 * 8), torch.randn(1, 6, 2 * 3)
+    out = adapter.make_override(adapter.PatchSettings(mode="online"))(None, q, k, v, 4, enable_gqa=True)
+    ref = F.scaled_dot_product_attention(heads_of(q, 4), heads_of(k, 2), heads_of(v, 2), enable_gqa=True)
+    assert out.shape == (1, 5, 4 * 3) and torch.allclose(out, merged(ref), atol=1e-5)
+
+
+def test_install_replaces_this_packs_override_and_keeps_a_foreign_one(adapter):
+    class Patcher:
+        def __init__(self, options=None):
+            self.model_options = options or {}
+
+        def clone(self):
+            import copy
+            return Patcher(copy.copy({k: dict(v) if isinstance(v, dict) else v
+                                      for k, v in self.model_options.items()}))
+    foreign = lambda func, *a, **kw: func(*a, **kw)  # noqa: E731
+    base = Patcher({"transformer_options": {adapter.OVERRIDE_KEY: foreign}})
+    S = adapter.PatchSettings
+    one = adapter.install(base, S(mode="online"))
+    two = adapter.install(one, S(mode="chunked"))
+    fn = two.model_options["transformer_options"][adapter.OVERRIDE_KEY]
+    assert getattr(fn, adapter.MARK).mode == "chunked" and fn.previous is foreign
+    assert base.model_options["transformer_options"][adapter.OVERRIDE_KEY] is foreign
+    assert adapter.install(two, S(mode="off")).model_options["transformer_options"][adapter.OVERRIDE_KEY] is foreign
+    bare = adapter.install(adapter.install(Patcher(), S(mode="online")), S(mode="off"))
+    assert adapter.OVERRIDE_KEY not in bare.model_options["transformer_options"]
+
+
+def test_min_tokens_reads_the_sequence_length_in_both_layouts(adapter):
+    """min_tokens compares against the longer of Nq and Nk, whether q/k come as [B, N, H*D] or (skip_reshape) as
+    [B, H, N, D] (H = 2 here, below min_tokens; one sequence is 20 >= 10, the other 5)."""
+    settings = adapter.PatchSettings(mode="chunked", min_tokens=10)
+    fn = adapter.make_override(settings)
+    long, short = torch.randn(1, 20, 2 * 8), torch.randn(1, 5, 2 * 8)
+    for q, k in ((long, short), (short, long)):
+        fn(None, heads_of(q, 2), heads_of(k, 2), heads_of(k, 2), 2, skip_reshape=True)
+        fn(None, q, k, k, 2)
+    assert settings.stats == {"engine": 4, "passthrough": 0}
