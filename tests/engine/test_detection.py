@@ -68,6 +68,9 @@ def test_selfcheck_passes_on_this_device(capsys):
     assert selfcheck.main(["--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "needs tiled attention" in out and "all cases within tolerance" in out and "BAD" not in out
+    # what it did not check on this device is said, with the reason, never silently left out
+    assert "skipped float16 and bfloat16 cases: half-precision attention is checked on GPUs" in out
+    assert "skipped fp16 overflowing scores" in out
 
 
 def test_probe_leaves_torch_backend_switches_alone(monkeypatch):
