@@ -98,11 +98,12 @@ def _method_fn(name, case, torch):
         from attention_core import scaled_dot_product_attention
         return lambda q, k, v: scaled_dot_product_attention(q, k, v, tier=name)
     if name == "tuned":
-        from . import tune
-        entry = tune.lookup(q_shape=(case["batch"], case["heads"], case["n"], case["dim"]), dtype=case["dtype"],
-                            device=case["device"])
+        from . import profiles, tune
+        entry = profiles.lookup(q_shape=(case["batch"], case["heads"], case["n"], case["dim"]), dtype=case["dtype"],
+                                device=case["device"])
         if entry is None:
-            return f"no tuned profile for this device and dtype ({tune.profile_path()}): python -m attention_core.tune"
+            return (f"no tuned profile for this device and dtype ({profiles.profile_path()}): "
+                    "python -m attention_core.tune")
         return lambda q, k, v: tune.run_blocks(q, k, v, entry)
     if name.startswith("noflash"):
         try:

@@ -19,7 +19,7 @@ from .problem import AttentionProblem
 from .tiers import ORDER, TIERS
 from .tiers.backward import backward as backward_tiles
 from .tiles import TileOutputs, TileSource, lazy_source
-from .tune import tuned_blocks
+from .profiles import tuned_blocks
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,17 @@
 
     python -m attention_core.bench                          # the default sweep on the best device here
     python -m attention_core.bench --n 4096 --heads 16 --mode fwd --json out.json --plot out.png
-    python -m attention_core.bench --comfyui /path/to/ComfyUI   # adds ComfyUI's sub-quadratic and split attention
+    python -m attention_core.bench --comfyui /path/to/ComfyUI   # ComfyUI's sub-quadratic and split attention from there
+    python -m attention_core.bench --preset wan22-5b-480p --mode fwd      # a real video model's attention shape
+    python -m attention_core.bench --preset wan22-5b-720p --quick         # big: one repeat, fewer methods, no fp64 ref
+
+Presets (video self-attention, batch 1; tokens from attention_core.plan's latent rules):
+    wan22-5b-480p   N=4,290   24 x 128  Wan 2.2 TI2V 5B, 832x480, 41 frames
+    wan22-5b-4096   N=4,096   24 x 128  the same heads at N=4096 (the chunked-vs-math target)
+    wan22-5b-720p   N=28,520  24 x 128  Wan 2.2 TI2V 5B, 1280x720, 121 frames
+    wan-14b-480p    N=32,760  40 x 128  Wan 2.1/2.2 14B, 832x480, 81 frames
+    ltx23-22b-720p  N=14,960  32 x 128  LTX-2.3 22B video stream, 1280x704, 129 frames
+    reference       N=1024,2048,4096  16 x 64  the reference project's benchmark shape
 
 Methods: torch math SDPA, torch's default SDPA (fused where it exists), each tier of this engine, and when
 importable the peers noflash-attention 1.0.1 (its tier functions, called directly) and ComfyUI's attention.
@@ -25,9 +35,40 @@ import sys
 import tempfile
 import time
 
-METHODS = ["math", "torch", "chunked", "inplace", "online", "noflash-t1", "noflash-t2", "noflash-t3",
-           "comfy-subquad", "comfy-split"]
+from .plan import PRESETS, preset_shapes
+
+METHODS = ["math", "torch", "chunked", "inplace", "online", "auto", "tuned", "noflash-t1", "noflash-t2",
+           "noflash-t3", "comfy-subquad", "comfy-split"]
+QUICK_METHODS = ["math", "torch", "chunked", "auto", "tuned", "comfy-subquad"]
 MIB = 1 << 20
+GIB = 1 << 30
+
+def default_comfyui():
+    """ComfyUI for the comfy-* methods: $COMFYUI_LATEST_PATH, $COMFYUI_PATH, else the stock 0.33.0 ./dev set up."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for path in (os.environ.get("COMFYUI_LATEST_PATH"), os.environ.get("COMFYUI_PATH"),
+                 os.path.join(root, ".cache", "comfyui-0.33.0")):
+        if path and os.path.isfile(os.path.join(path, "comfy", "model_management.py")):
+            return path
+    return None
+
+
+def method_bytes(method, case, free):
+    """Transient bytes `method` needs for `case` (attention_core.plan's rules), or None when it is O(N)."""
+    from . import plan
+    bh, n = case["batch"] * case["heads"], case["n"]
+    e = {"float32": 4, "float64": 8}.get(case["dtype"], 2)
+    grad = 2 if case["mode"] == "fwdbwd" else 1
+    if method == "math":
+        return grad * plan.math_bytes(bh, n, e)
+    if method == "comfy-subquad":
+        return grad * plan.comfy_subquad(bh, n, e, free)["bytes"]
+    if method == "comfy-split":
+        sp = plan.comfy_split(bh, n, e, free)
+        return sp["bytes"] if sp["bytes"] is not None else float("inf")
+    if method == "noflash-t1":
+        return 2 * bh * n * n * e // 4  # its tier-1 chunks hold about a quarter of the scores at a time
+    return None
 
 
 # ----------------------------------------------------------------------------------------------- one case
@@ -53,9 +94,16 @@ def _method_fn(name, case, torch):
         return f
     if name == "torch":
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v)
-    if name in ("chunked", "inplace", "online"):
+    if name in ("chunked", "inplace", "online", "auto"):
         from attention_core import scaled_dot_product_attention
         return lambda q, k, v: scaled_dot_product_attention(q, k, v, tier=name)
+    if name == "tuned":
+        from . import tune
+        entry = tune.lookup(q_shape=(case["batch"], case["heads"], case["n"], case["dim"]), dtype=case["dtype"],
+                            device=case["device"])
+        if entry is None:
+            return f"no tuned profile for this device and dtype ({tune.profile_path()}): python -m attention_core.tune"
+        return lambda q, k, v: tune.run_blocks(q, k, v, entry)
     if name.startswith("noflash"):
         try:
             import contextlib
@@ -138,6 +186,7 @@ def run_case(case) -> dict:
     import torch
     torch.set_num_threads(case.get("threads") or torch.get_num_threads())
     res = {k: case[k] for k in ("method", "n", "mode", "heads", "dim", "batch", "dtype", "device")}
+    res["repeats"] = case["repeats"]
     fn = _method_fn(case["method"], case, torch)
     if isinstance(fn, str):
         res["skipped"] = fn
@@ -193,6 +242,8 @@ def run_case(case) -> dict:
         return res
     res["ms"] = 1000 * (statistics.median(times[1:]) if len(times) > 1 else times[0])
     res["peak_mb"] = max(0, peak) / MIB
+    if not case.get("ref"):
+        return res
     ref = torch.load(case["ref"], weights_only=True)
     res["err"] = float((out.double().cpu() - ref["out"]).abs().max())
     if bwd:
@@ -246,35 +297,41 @@ def _run_in_subprocess(case, timeout):
     return json.loads(lines[-1])
 
 
+def _label(r):
+    """The column a result belongs to: shape and dtype (several presets can share an N)."""
+    return f"N={r['n']} {r['heads']}x{r['dim']} {r['dtype']}"
+
+
 def _table(rows, mode):
     rows = [r for r in rows if r["mode"] == mode]
     if not rows:
         return ""
-    ns = sorted({r["n"] for r in rows})
+    labels = list(dict.fromkeys(_label(r) for r in rows))
     methods = [m for m in METHODS if any(r["method"] == m for r in rows)]
     out = [f"\n{'forward' if mode == 'fwd' else 'forward + backward'}  (ms / peak extra MB / max |err| vs fp64)"]
-    head = f"{'method':<14}" + "".join(f"{'N=' + str(n):>30}" for n in ns)
+    head = f"{'method':<14}" + "".join(f"{lab:>32}" for lab in labels)
     out += [head, "-" * len(head)]
     for m in methods:
         cells = []
-        for n in ns:
-            r = next((x for x in rows if x["method"] == m and x["n"] == n), None)
+        for lab in labels:
+            r = next((x for x in rows if x["method"] == m and _label(x) == lab), None)
             if r is None:
                 cells.append("")
             elif "ms" in r:
-                err = r.get("grad_err", r["err"]) if mode == "fwdbwd" else r["err"]
-                cells.append(f"{r['ms']:>9.0f} ms {r['peak_mb']:>7.0f} MB {err:>8.1e}")
+                err = r.get("grad_err", r.get("err")) if mode == "fwdbwd" else r.get("err")
+                shown = f"{err:>8.1e}" if err is not None else f"{'-':>8}"
+                cells.append(f"{r['ms']:>9.0f} ms {r['peak_mb']:>7.0f} MB {shown}")
             else:
                 cells.append(("skipped" if "skipped" in r else "failed"))
-        out.append(f"{m:<14}" + "".join(f"{c:>30}" for c in cells))
-    notes = [f"  {r['method']} N={r['n']}: {r.get('skipped') or r.get('error')}" for r in rows
-             if "ms" not in r]
+        out.append(f"{m:<14}" + "".join(f"{c:>32}" for c in cells))
+    notes = [f"  {r['method']} {_label(r)}: {r.get('skipped') or r.get('error')}" for r in rows if "ms" not in r]
     if notes:
         out += ["", *sorted(set(notes))]
     return "\n".join(out)
 
 
 def _plot(rows, path):
+    """Bars per shape: time and peak extra memory of every method that ran (log scale), the pack's tiers solid."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -282,51 +339,107 @@ def _plot(rows, path):
     except ImportError:
         print("matplotlib is not installed: no plot (pip install matplotlib)", file=sys.stderr)
         return False
-    modes = [m for m in ("fwd", "fwdbwd") if any(r["mode"] == m and "ms" in r for r in rows)]
-    fig, axes = plt.subplots(len(modes), 2, figsize=(11, 4 * len(modes)), squeeze=False)
-    for row, mode in zip(axes, modes):
-        for m in METHODS:
-            pts = sorted((r["n"], r["ms"], r["peak_mb"]) for r in rows if r["method"] == m and r["mode"] == mode
-                         and "ms" in r)
-            if not pts:
-                continue
-            style = dict(linestyle="-" if m in ("chunked", "inplace", "online") else "--", marker="o", label=m,
-                         color=f"C{METHODS.index(m) % 10}")  # one colour per method in every panel
-            row[0].plot([p[0] for p in pts], [p[1] for p in pts], **style)
-            row[1].plot([p[0] for p in pts], [max(p[2], 0.1) for p in pts], **style)
-        title = "forward" if mode == "fwd" else "forward + backward"
-        for ax, what in zip(row, ("time (ms)", "peak extra memory (MB)")):
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.set_xlabel("sequence length N")
-            ax.set_ylabel(what)
-            ax.set_title(f"{title}: {what}")
-            ax.grid(True, which="both", alpha=0.3)
-        row[0].legend(fontsize=8)
+    groups = [(mode, lab) for mode in ("fwd", "fwdbwd") for lab in dict.fromkeys(_label(r) for r in rows
+                                                                                   if r["mode"] == mode)]
+    groups = [g for g in groups if any(r["mode"] == g[0] and _label(r) == g[1] and "ms" in r for r in rows)]
+    fig, axes = plt.subplots(len(groups), 2, figsize=(12, 3.2 * len(groups) + 0.6), squeeze=False)
+    ours = ("chunked", "inplace", "online", "auto", "tuned")
+    for row, (mode, lab) in zip(axes, groups):
+        got = [(m, r) for m in METHODS for r in rows if r["method"] == m and r["mode"] == mode
+               and _label(r) == lab and "ms" in r]
+        names = [m for m, _ in got]
+        colors = [f"C{METHODS.index(m) % 10}" for m in names]
+        for ax, key, what in ((row[0], "ms", "time (ms)"), (row[1], "peak_mb", "peak extra memory (MB)")):
+            vals = [max(r[key], 0.1) for _, r in got]
+            bars = ax.barh(names, vals, color=colors)
+            for b, m in zip(bars, names):
+                b.set_hatch("" if m in ours else "//")
+            for y, v in enumerate(vals):
+                ax.text(v, y, f" {v:,.0f}", va="center", fontsize=7)
+            ax.set_xscale("log")
+            ax.invert_yaxis()
+            ax.set_title(f"{'forward' if mode == 'fwd' else 'fwd+bwd'} {lab}: {what}", fontsize=9)
+            ax.tick_params(labelsize=8)
+            ax.grid(True, axis="x", which="both", alpha=0.3)
+    fig.suptitle("attention methods side by side (solid: this pack; hatched: others); lower is better", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     return True
 
 
+def merge_rounds(rs):
+    """One row from the rounds of a method: median time and memory, largest error, each round's time kept."""
+    ok = [r for r in rs if "ms" in r]
+    if not ok:
+        return rs[0]
+    row = dict(ok[0])
+    if len(rs) > 1:
+        row.update(ms=statistics.median(r["ms"] for r in ok), peak_mb=statistics.median(r["peak_mb"] for r in ok),
+                   round_ms=[r["ms"] for r in ok], round_load=[r["load"] for r in ok])
+        for key in ("err", "grad_err"):
+            if any(r.get(key) is not None for r in ok):
+                row[key] = max(r[key] for r in ok if r.get(key) is not None)
+    return row
+
+
+def build_plan(a):
+    """[(mode, N, heads, head dim, dtype)] from --preset or the explicit --n/--heads/--dim options."""
+    dtypes = [d.strip() for d in a.dtype.split(",")]
+    shapes = []
+    if a.preset:
+        for name in a.preset.split(","):
+            shapes += [(name.strip(), n, a.heads or h, d) for n, h, d in preset_shapes(name.strip())]
+        plan = [("fwd" if a.mode != "fwdbwd" else "fwdbwd", n, h, d, dt, name) for name, n, h, d in shapes
+                for dt in dtypes]
+        return plan
+    plan = []
+    if a.mode in ("fwd", "both"):
+        plan += [("fwd", int(n), a.heads or 16, a.dim, dt, "") for dt in dtypes for n in a.n.split(",")]
+    if a.mode in ("fwdbwd", "both"):
+        plan += [("fwdbwd", int(n), a.bwd_heads, a.dim, dt, "") for dt in dtypes for n in a.bwd_n.split(",")]
+    return plan
+
+
+def _load():
+    """The 1-minute load average and the CPU count: how busy the machine was while a case ran."""
+    try:
+        return f"{os.getloadavg()[0]:.2f}/{os.cpu_count()}"
+    except OSError:
+        return "?"
+
+
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m attention_core.bench", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m attention_core.bench", description=__doc__.split("\n\n")[0],
+                                 epilog="presets: " + ", ".join(PRESETS))
     ap.add_argument("--case", help=argparse.SUPPRESS)
+    ap.add_argument("--preset", help="comma-separated presets (real model shapes; see the module docstring)")
     ap.add_argument("--n", default="1024,2048,4096", help="forward sequence lengths (comma separated)")
-    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--heads", type=int, default=None,
+                    help="heads (default 16); with --preset it replaces the preset's heads (a quicker run of the "
+                         "same per-head shape; the table shows the heads used)")
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--bwd-n", default="1024,2048", help="forward+backward sequence lengths")
     ap.add_argument("--bwd-heads", type=int, default=8)
-    ap.add_argument("--dtype", default=None, help="float32 on the CPU, float16 on GPUs by default")
+    ap.add_argument("--dtype", default=None, help="comma separated; float32 on the CPU, float16 on GPUs by default")
     ap.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: the accelerator if any)")
-    ap.add_argument("--mode", choices=["fwd", "fwdbwd", "both"], default="both")
-    ap.add_argument("--methods", default=",".join(METHODS))
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--mode", choices=["fwd", "fwdbwd", "both"], default=None,
+                    help="default: both, or fwd with --preset")
+    ap.add_argument("--methods", default=None, help=f"comma separated, default all: {','.join(METHODS)}")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per case after the first (median)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every method once per round, rounds alternating the method order, and report the "
+                         "median over rounds (for busy machines: load drift hits every method alike)")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"one timed run, methods {','.join(QUICK_METHODS)} unless --methods, no float64 "
+                         "reference above N=8192 (error column '-')")
+    ap.add_argument("--no-ref", action="store_true", help="skip the float64 reference (no error column)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads per case (0: torch's default)")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per case")
-    ap.add_argument("--comfyui", default=os.environ.get("COMFYUI_PATH"), help="ComfyUI folder for its attention")
+    ap.add_argument("--comfyui", default=default_comfyui(), help="ComfyUI folder for its attention (default: "
+                    "$COMFYUI_LATEST_PATH, $COMFYUI_PATH, else the stock 0.33.0 of ./dev)")
     ap.add_argument("--json", help="write all results here")
-    ap.add_argument("--plot", help="write a PNG of time and memory against N here")
+    ap.add_argument("--plot", help="write a PNG of time and memory per method here")
     ap.add_argument("--from-json", help="print the tables (and --plot) of a saved --json run, running nothing")
     a = ap.parse_args(argv)
     if a.case:
@@ -340,38 +453,59 @@ def main(argv=None):
         if a.plot and _plot(rows, a.plot):
             print(f"wrote {a.plot}")
         return 0
+    if a.preset:
+        for name in a.preset.split(","):
+            if name.strip() not in PRESETS:
+                ap.error(f"unknown preset {name.strip()!r}; choose from {', '.join(PRESETS)}")
+    a.mode = a.mode or ("fwd" if a.preset else "both")
     import torch
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = a.dtype or ("float32" if device == "cpu" else "float16")
-    methods = [m.strip() for m in a.methods.split(",") if m.strip()]
+    a.dtype = a.dtype or ("float32" if device == "cpu" else "float16")
+    methods = [m.strip() for m in (a.methods or ",".join(QUICK_METHODS if a.quick else METHODS)).split(",")
+               if m.strip()]
     unknown = set(methods) - set(METHODS)
     if unknown:
         ap.error(f"unknown methods {sorted(unknown)}; choose from {METHODS}")
-    plan = []
-    if a.mode in ("fwd", "both"):
-        plan += [("fwd", int(n), a.heads) for n in a.n.split(",")]
-    if a.mode in ("fwdbwd", "both"):
-        plan += [("fwdbwd", int(n), a.bwd_heads) for n in a.bwd_n.split(",")]
+    repeats = 1 if a.quick else max(1, a.repeats)
     rows = []
-    info = {"device": device, "dtype": dtype, "torch": torch.__version__, "threads": a.threads or torch.get_num_threads(),
-            "batch": a.batch, "dim": a.dim}
+    info = {"device": device, "dtype": a.dtype, "torch": torch.__version__,
+            "threads": a.threads or torch.get_num_threads(), "batch": a.batch, "preset": a.preset,
+            "command": "python -m attention_core.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "comfyui": a.comfyui, "load_start": _load()}
     if device.startswith("cuda"):
         info["gpu"] = torch.cuda.get_device_name(torch.device(device))
-    print(f"# attention benchmark on {device} ({info.get('gpu', 'CPU')}), {dtype}, B={a.batch}, D={a.dim}, "
-          f"torch {torch.__version__}", flush=True)
+    print(f"# attention benchmark on {device} ({info.get('gpu', 'CPU')}), {a.dtype}, B={a.batch}, "
+          f"torch {torch.__version__}, ComfyUI from {a.comfyui}, load {info['load_start']}", flush=True)
+    from .memory import free_memory
     with tempfile.TemporaryDirectory() as tmp:
-        for mode, n, heads in plan:
-            case = dict(mode=mode, n=n, heads=heads, dim=a.dim, batch=a.batch, dtype=dtype, device=device, seed=n,
-                        repeats=max(1, a.repeats), threads=a.threads, comfyui=a.comfyui)
-            case["ref"] = os.path.join(tmp, f"ref-{mode}-{n}.pt")
-            kind = make_reference(case, case["ref"])
-            for m in methods:
-                r = _run_in_subprocess(dict(case, method=m), a.timeout)  # a fresh process per case
-                r.update(ref=kind, heads=heads)
-                rows.append(r)
-                shown = (f"{r['ms']:.0f} ms, {r['peak_mb']:.0f} MB, err {r.get('grad_err', r['err']):.1e}"
-                         if "ms" in r else (r.get("skipped") or r.get("error")))
-                print(f"  {mode:<6} N={n:<6} H={heads:<3} {m:<14} {shown}", flush=True)
+        for mode, n, heads, dim, dtype, preset in build_plan(a):
+            case = dict(mode=mode, n=n, heads=heads, dim=dim, batch=a.batch, dtype=dtype, device=device, seed=n,
+                        repeats=1 if a.quick else repeats + 1, threads=a.threads, comfyui=a.comfyui, preset=preset)
+            if a.no_ref or (a.quick and n > 8192):
+                case["ref"], kind = None, "none"
+            else:
+                case["ref"] = os.path.join(tmp, f"ref-{mode}-{n}-{heads}-{dim}-{dtype}.pt")
+                kind = make_reference(case, case["ref"])
+            by_method = {m: [] for m in methods}
+            for rnd in range(a.rounds):
+                for m in (methods if rnd % 2 == 0 else methods[::-1]):  # alternate the order round to round
+                    free = free_memory(torch.device(device)) or 0
+                    need = method_bytes(m, case, free)
+                    if need is not None and need > 0.9 * free:
+                        r = {**{k: case[k] for k in ("n", "mode", "heads", "dim", "dtype")}, "method": m,
+                             "skipped": f"needs ~{need / GIB:.1f} GB, {free / GIB:.1f} GB available: not run"}
+                    else:
+                        r = _run_in_subprocess(dict(case, method=m), a.timeout)  # a fresh process per case
+                    r.update(ref=kind, heads=heads, dim=dim, dtype=dtype, preset=preset, load=_load())
+                    by_method[m].append(r)
+                    err = r.get("grad_err", r.get("err"))
+                    shown = (f"{r['ms']:.0f} ms, {r['peak_mb']:.0f} MB, err "
+                             f"{'-' if err is None else format(err, '.1e')}"
+                             if "ms" in r else (r.get("skipped") or r.get("error")))
+                    print(f"  {mode:<6} N={n:<6} {heads}x{dim} {dtype:<8} {m:<14} {shown}   (load {r['load']}"
+                          f"{f', round {rnd + 1}' if a.rounds > 1 else ''})", flush=True)
+            rows += [merge_rounds(rs) for rs in by_method.values()]
+    info["load_end"] = _load()
     for mode in ("fwd", "fwdbwd"):
         t = _table(rows, mode)
         if t:

@@ -12,13 +12,14 @@ from typing import Callable, Optional
 
 import torch
 
-from .memory import AttentionMemoryError, free_memory, plan_backward, plan_forward, tile_budget
+from .memory import AttentionMemoryError, Plan, bytes_per_score, free_memory, plan_backward, plan_forward, tile_budget
 from .numerics import Numerics
 from .oom import is_oom, release_cached
 from .problem import AttentionProblem
 from .tiers import ORDER, TIERS
 from .tiers.backward import backward as backward_tiles
 from .tiles import TileOutputs, TileSource, lazy_source
+from .profiles import tuned_blocks
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,9 @@ def run_forward(p: AttentionProblem, num: Numerics, cfg: CallConfig, need_stats:
 
     def plans():
         for tier in ORDER[start:]:
-            plan = plan_forward(p, num, tier, budget, cfg.block_q, cfg.block_kv)
+            tuned = tuned_blocks(p.device, num.compute, p.Hkv, p.Lq, p.Lk, p.E, tier, budget, p.B * p.G,
+                                 bytes_per_score(tier, p, num)) if cfg.tier == "auto" and not cfg.block_q else None
+            plan = Plan(tier, *tuned) if tuned else plan_forward(p, num, tier, budget, cfg.block_q, cfg.block_kv)
             if plan is None:
                 log.debug("tier %s does not fit %d MB for %s", tier, budget >> 20, p.describe())
             if plan is None and cfg.tier == tier and tier != ORDER[-1]:

@@ -1,0 +1,307 @@
+"""Will it fit: tokens and per-call memory of a video model's attention and feed-forward, before running anything.
+
+    python -m attention_core.plan --model wan22-5b --width 1280 --height 720 --frames 121 [--free-gb 32]
+
+Tokens follow each model's latent rules: latent frames = 1 + (F - 1) // t, latent rows = H // s, columns W // s
+(VAE compression t x s x s), then the DiT's patch (pt, ps, ps) pads up: tokens = ceil(lf/pt)*ceil(lh/ps)*ceil(lw/ps).
+Score memory of one self-attention call (batch item count `batch`, h heads, N tokens, e bytes per element):
+  math SDPA             scores + softmax output: 2 * b*h * N * N * e
+  ComfyUI sub-quadratic its own rule (comfy/ldm/modules/sub_quadratic_attention.py + attention.py): the largest
+                        query chunk x in (4096, 2048, 1024, 512, 256) with 4 * b*h * x * N * e <= free, full key
+                        rows; else 512 rows x sqrt(N) keys; scores + probabilities: 2 * b*h * x * N * e
+  ComfyUI split         3 * b*h * N * N * e needed; 2^ceil(log2(need / free)) slices (refuses over 64), and only
+                        when N divides by the slice count (else one slice: the whole matrix); 2 * slice scores
+  this pack             one tile: bytes_per_score(tier) * b*h_tile * rows * keys (the planner's rules below)
+FFN hidden activation: 2 * b * N * ffn_width * e (before and after the GELU), divided by the chunk count.
+Pure arithmetic: no torch import at module level, nothing allocated.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+GB = 1 << 30
+MB = 1 << 20
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A video DiT's attention and latent geometry (self-attention over the video tokens)."""
+    key: str
+    title: str
+    vae: tuple            # (time, height, width) compression of the VAE
+    patch: tuple          # (time, height, width) patch of the DiT
+    heads: int
+    head_dim: int
+    ffn: int              # hidden width of the block's feed-forward
+    layers: int
+    source: str           # where these numbers come from
+
+    @property
+    def width(self) -> int:
+        return self.heads * self.head_dim
+
+
+MODELS: Dict[str, ModelSpec] = {
+    "wan22-5b": ModelSpec(
+        "wan22-5b", "Wan 2.2 TI2V 5B", (4, 16, 16), (1, 2, 2), 24, 128, 14336, 30,
+        "comfy/ldm/wan/model.py (dim 3072 = 24 x 128, ffn 14336, 30 layers), Wan22ImageToVideoLatent "
+        "(48 x (F-1)//4+1 x H//16 x W//16), patch (1, 2, 2)"),
+    "wan-14b": ModelSpec(
+        "wan-14b", "Wan 2.1 / 2.2 14B", (4, 8, 8), (1, 2, 2), 40, 128, 13824, 40,
+        "comfy/ldm/wan/model.py (dim 5120 = 40 x 128, ffn 13824, 40 layers), Wan 2.1 VAE latent "
+        "(16 x (F-1)//4+1 x H//8 x W//8), patch (1, 2, 2)"),
+    "ltx23-22b": ModelSpec(
+        "ltx23-22b", "LTX-2.3 22B (video stream)", (8, 32, 32), (1, 1, 1), 32, 128, 16384, 48,
+        "comfy/ldm/lightricks/av_model.py LTXAVModel (video: 32 heads x 128 = 4096, FeedForward mult 4 -> 16384, "
+        "48 layers; model_detection.py takes head_dim = attn2.to_k rows // 32), EmptyLTXVLatentVideo "
+        "(128 x (F-1)//8+1 x H//32 x W//32), SymmetricPatchifier(1)"),
+}
+
+# the pack's tier costs per score element of one tile (mirrors attention_core.memory.bytes_per_score without
+# masks or dropout): chunked holds scores and weights, inplace one tile, online score + fp32 weights and cast
+COMFY_SUBQUAD_CHUNKS = (4096, 2048, 1024, 512, 256)
+TIERS = ("chunked", "inplace", "online")
+
+# benchmark / tuning shapes: name -> (model key in MODELS or None, width, height, frames, [N...], heads, head dim)
+PRESETS = {
+    "wan22-5b-480p": ("wan22-5b", 832, 480, 41, None, 24, 128),
+    "wan22-5b-4096": (None, 0, 0, 0, [4096], 24, 128),
+    "wan22-5b-720p": ("wan22-5b", 1280, 720, 121, None, 24, 128),
+    "wan-14b-480p": ("wan-14b", 832, 480, 81, None, 40, 128),
+    "ltx23-22b-720p": ("ltx23-22b", 1280, 704, 129, None, 32, 128),
+    "reference": (None, 0, 0, 0, [1024, 2048, 4096], 16, 64),
+}
+
+
+def preset_shapes(name):
+    """[(N, heads, head dim)] of a preset; N from the model's latent rules where it names a model."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
+    model, w, h, f, ns, heads, dim = PRESETS[name]
+    if model is not None:
+        ns = [tokens(MODELS[model], w, h, f)]
+    return [(n, heads, dim) for n in ns]
+
+
+def latent_shape(model: ModelSpec, width: int, height: int, frames: int) -> tuple:
+    """(latent frames, rows, columns) of the empty video latent ComfyUI's node makes for this size."""
+    t, s_h, s_w = model.vae
+    return 1 + (frames - 1) // t, height // s_h, width // s_w
+
+
+def tokens(model: ModelSpec, width: int, height: int, frames: int) -> int:
+    """Video tokens of one self-attention call: the latent padded up to whole patches, one token per patch."""
+    lf, lh, lw = latent_shape(model, width, height, frames)
+    pt, ph, pw = model.patch
+    return math.ceil(lf / pt) * math.ceil(lh / ph) * math.ceil(lw / pw)
+
+
+def tier_bytes_per_score(tier: str, elem: int) -> int:
+    """Transient bytes per score of one tile (attention_core.memory.bytes_per_score, no mask or dropout);
+    half precision is counted at 4 bytes: the overflow guard may recompute a tile in fp32."""
+    isz = 4 if elem == 2 else elem
+    if tier == "chunked":
+        return 2 * isz
+    if tier == "inplace":
+        return isz
+    if tier == "online":
+        return isz + 2 * 4
+    raise ValueError(f"unknown tier {tier!r}; choose from {TIERS}")
+
+
+def math_bytes(bh: int, n: int, elem: int) -> int:
+    """torch math SDPA: the score matrix and its softmax, both b*h x N x N."""
+    return 2 * bh * n * n * elem
+
+
+def comfy_subquad(bh: int, n: int, elem: int, free: int) -> dict:
+    """ComfyUI's attention_sub_quad chunking (attention.py): query chunk x, key chunk, and the transient bytes."""
+    for x in COMFY_SUBQUAD_CHUNKS:
+        if free / (bh * elem * x * 4.0) >= n:
+            q_chunk, kv_chunk = min(x, n), n
+            break
+    else:
+        q_chunk, kv_chunk = min(512, n), min(n, int(math.sqrt(n)))
+    return {"q_chunk": q_chunk, "kv_chunk": kv_chunk, "bytes": 2 * bh * q_chunk * kv_chunk * elem}
+
+
+def comfy_split(bh: int, n: int, elem: int, free: int) -> dict:
+    """ComfyUI's attention_split: slice count from 3x the score matrix over free memory; refuses above 64 slices;
+    only slices when N divides by the count (else the whole matrix at once)."""
+    need = 3 * bh * n * n * elem
+    steps = 1 if need <= free else 2 ** math.ceil(math.log2(need / free))
+    if steps > 64:
+        return {"steps": steps, "rows": None, "bytes": None, "error": "refuses: more than 64 slices needed"}
+    rows = n // steps if n % steps == 0 else n
+    return {"steps": steps, "rows": rows, "bytes": 2 * bh * rows * n * elem}
+
+
+def pack_tile(tier: str, bh_kv: int, g: int, n: int, elem: int, budget: int, cpu: bool) -> Optional[dict]:
+    """The tile the pack's planner takes for `tier` within `budget` bytes (attention_core.memory._tile rules:
+    about TARGET_TILE_ELEMS scores, all heads when that leaves >= PREF_ROWS rows each, else fewer heads);
+    None when not even MIN_BLOCK rows fit."""
+    from .memory import MIN_BLOCK, ONLINE_BLOCK_KV, PREF_ROWS, TARGET_TILE_ELEMS
+    kind = "cpu" if cpu else "other"
+    per = tier_bytes_per_score(tier, elem)
+    bk = n if tier != "online" else min(n, ONLINE_BLOCK_KV[kind])
+    target = TARGET_TILE_ELEMS[kind]
+    while True:
+        per_pair = g * bk
+        fit = budget // (per_pair * per)
+        if fit >= min(MIN_BLOCK, n):
+            pairs = min(max(MIN_BLOCK, target // per_pair), fit)
+            if pairs >= bh_kv * min(PREF_ROWS, n):
+                rows, heads = min(n, pairs // bh_kv), bh_kv
+            else:
+                rows = min(n, max(min(MIN_BLOCK, n), min(PREF_ROWS, pairs)))
+                heads = max(1, min(bh_kv, pairs // rows))
+            return {"rows": rows, "keys": bk, "heads": heads, "bytes": per * g * rows * bk * heads}
+        if tier != "online" or bk <= MIN_BLOCK:
+            return None
+        bk = max(MIN_BLOCK, bk // 2)
+
+
+def pack_floor(tier: str, n: int, elem: int) -> int:
+    """The least a tier can run with: one head, MIN_BLOCK rows, full key rows (chunked/inplace) or MIN_BLOCK
+    keys (online)."""
+    from .memory import MIN_BLOCK
+    keys = n if tier != "online" else MIN_BLOCK
+    return tier_bytes_per_score(tier, elem) * MIN_BLOCK * keys
+
+
+def ffn_bytes(batch: int, n: int, ffn: int, elem: int, chunks: int = 1) -> int:
+    """Hidden activation of one feed-forward call, before and after its GELU, over N / chunks tokens."""
+    return 2 * batch * math.ceil(n / max(1, chunks)) * ffn * elem
+
+
+def ffn_auto_chunks(batch: int, n: int, ffn: int, elem: int, free: int) -> int:
+    """FFN Chunking's chunks = 0 rule (attention_core.ffn.AUTO_SHARE of free memory per chunk)."""
+    from .ffn import AUTO_SHARE
+    return max(1, min(n, math.ceil(ffn_bytes(batch, n, ffn, elem) / max(1, free * AUTO_SHARE))))
+
+
+def detected_free() -> tuple:
+    """(bytes free, where): the first GPU's free memory, else available RAM."""
+    from .memory import free_memory
+    import torch
+    dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    free = free_memory(dev)
+    return (free if free is not None else 4 * GB), ("GPU " + torch.cuda.get_device_name(dev)) \
+        if dev.type == "cuda" else "CPU RAM (available)"
+
+
+def estimate(model: str, width: int, height: int, frames: int, free: int, dtype_bytes: int = 2, batch: int = 1,
+             cpu: bool = False) -> dict:
+    """Everything the plan prints, as numbers (bytes): tokens, per-call memory of each method, FFN, advice."""
+    from .memory import FREE_FRACTION
+    if model not in MODELS:
+        raise ValueError(f"attention_core.plan: unknown model {model!r}; choose from {', '.join(MODELS)}")
+    if min(width, height, frames) < 1:
+        raise ValueError(f"attention_core.plan: width, height and frames must be >= 1, got {width}x{height}x{frames}")
+    spec = MODELS[model]
+    n = tokens(spec, width, height, frames)
+    bh = batch * spec.heads
+    e = dtype_bytes
+    budget = int(free * FREE_FRACTION["cpu" if cpu else "other"])
+    tiers = {}
+    for t in TIERS:
+        tile = pack_tile(t, spec.heads, batch, n, e, budget, cpu)
+        tiers[t] = {"tile": tile, "floor": pack_floor(t, n, e)}
+    auto = next((t for t in TIERS if tiers[t]["tile"] is not None), None)
+    chunks = ffn_auto_chunks(batch, n, spec.ffn, e, free)
+    return {
+        "model": spec, "width": width, "height": height, "frames": frames, "latent": latent_shape(spec, width, height,
+                                                                                                  frames),
+        "tokens": n, "batch": batch, "dtype_bytes": e, "free": free, "budget": budget,
+        "scores": bh * n * n * e,
+        "math": math_bytes(bh, n, e),
+        "subquad": comfy_subquad(bh, n, e, free),
+        "split": comfy_split(bh, n, e, free),
+        "tiers": tiers, "auto_tier": auto,
+        "ffn_full": ffn_bytes(batch, n, spec.ffn, e), "ffn_chunks": chunks,
+        "ffn_chunked": ffn_bytes(batch, n, spec.ffn, e, chunks),
+        "qkvo": 4 * batch * n * spec.width * e,
+    }
+
+
+def _gb(b) -> str:
+    if b is None:
+        return "-"
+    if b >= 0.1 * GB:
+        return f"{b / GB:,.2f} GB"
+    return f"{b / MB:,.1f} MB" if b >= 0.1 * MB else f"{b / 1024:,.1f} KB"
+
+
+def report(est: dict) -> str:
+    """The plan as text: one line a number, then what to set."""
+    s, n, free = est["model"], est["tokens"], est["free"]
+    lf, lh, lw = est["latent"]
+    dt = {2: "fp16/bf16", 4: "fp32"}.get(est["dtype_bytes"], f"{est['dtype_bytes']}-byte")
+    out = [f"{s.title} at {est['width']}x{est['height']}, {est['frames']} frames ({dt}, batch {est['batch']}, "
+           f"free {_gb(free)})",
+           f"  latent {lf} x {lh} x {lw} (VAE {s.vae[0]}x{s.vae[1]}x{s.vae[2]}), patch "
+           f"{s.patch[0]}x{s.patch[1]}x{s.patch[2]} -> {n:,} video tokens; {s.heads} heads x {s.head_dim}",
+           "", "  memory of one self-attention call (transient, beyond q, k, v and the output):",
+           f"    score matrix itself          {_gb(est['scores'])}",
+           f"    torch math SDPA              {_gb(est['math'])}"
+           + ("   DOES NOT FIT" if est["math"] > free else "")]
+    sq = est["subquad"]
+    out.append(f"    ComfyUI sub-quadratic        {_gb(sq['bytes'])}   ({sq['q_chunk']} query rows x "
+               f"{sq['kv_chunk']} keys per chunk at this free memory)")
+    sp = est["split"]
+    if sp.get("error"):
+        out.append(f"    ComfyUI split                {sp['error']} ({sp['steps']})")
+    else:
+        note = "" if sp["rows"] != n or sp["steps"] == 1 else f"; N does not divide by {sp['steps']}: no slicing"
+        out.append(f"    ComfyUI split                {_gb(sp['bytes'])}   ({sp['steps']} slice(s) of {sp['rows']} "
+                   f"rows{note})" + ("   DOES NOT FIT" if sp["bytes"] > free else ""))
+    for t in TIERS:
+        tile, floor = est["tiers"][t]["tile"], est["tiers"][t]["floor"]
+        shown = (f"{_gb(tile['bytes'])}   ({tile['heads']} head(s) x {tile['rows']} rows x {tile['keys']} keys; "
+                 f"least it can run with: {_gb(floor)})") if tile else f"does not fit (needs {_gb(floor)})"
+        out.append(f"    this pack: {t:<8}          {shown}")
+    out += ["", "  feed-forward hidden activation (per block call):",
+            f"    unchunked                    {_gb(est['ffn_full'])}   ({n:,} tokens x {s.ffn:,} x 2)",
+            f"    FFN Chunking (auto)          {_gb(est['ffn_chunked'])}   ({est['ffn_chunks']} chunk(s))",
+            f"    q, k, v, o of one call       {_gb(est['qkvo'])}", "",
+            "  recommended:"]
+    if est["auto_tier"] is None:
+        out.append("    nothing fits: fewer frames, lower resolution, or free memory (--lowvram, --reserve-vram)")
+    else:
+        tile = est["tiers"][est["auto_tier"]]["tile"]
+        out.append(f"    Patch Attention mode auto, memory_budget_mb 0 (auto picks '{est['auto_tier']}', tile "
+                   f"{_gb(tile['bytes'])} of a {_gb(est['budget'])} budget); FFN Chunking chunks 0 "
+                   f"({est['ffn_chunks']} at this free memory)")
+        if est["math"] > free:
+            out.append(f"    without the pack: math SDPA needs {_gb(est['math'])} > {_gb(free)} free; "
+                       f"ComfyUI's sub-quadratic fits with {_gb(sq['bytes'])} per call")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m attention_core.plan", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, choices=sorted(MODELS))
+    ap.add_argument("--width", type=int, required=True)
+    ap.add_argument("--height", type=int, required=True)
+    ap.add_argument("--frames", type=int, required=True)
+    ap.add_argument("--free-gb", type=float, default=None, help="free memory in GB (default: detected)")
+    ap.add_argument("--dtype", choices=["fp16", "bf16", "fp32"], default="fp16")
+    ap.add_argument("--batch", type=int, default=1, help="batch items per call (CFG without batching: 1)")
+    ap.add_argument("--cpu", action="store_true", help="plan tiles by the CPU rules instead of the GPU ones")
+    a = ap.parse_args(argv)
+    if a.free_gb is not None:
+        free, where = int(a.free_gb * GB), "given"
+    else:
+        free, where = detected_free()
+    est = estimate(a.model, a.width, a.height, a.frames, free, 4 if a.dtype == "fp32" else 2, a.batch, a.cpu)
+    print(report(est))
+    print(f"\n  (free memory: {where}; numbers per attention call and per batch item x {a.batch})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
