@@ -1,11 +1,12 @@
 """Test-session setup: the repository root (for `tools`, `attention_core`) and tests/support on sys.path, and the
-CI rule that nothing skips silently.
+CI rule that nothing skips silently; tuned tile profiles of this machine kept out of the tests.
 
 Under CI=true a skipped test fails unless its reason starts with "not applicable" (a case that cannot apply, e.g. a
 feature the older ComfyUI does not have): a skip for a missing tool, server or data file is a failure there.
 """
 import os
 import sys
+import tempfile
 
 import pytest
 
@@ -13,6 +14,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 for path in (ROOT, os.path.join(ROOT, "tests", "support")):
     if path not in sys.path:
         sys.path.insert(0, path)
+
+# tuned tile profiles of this machine (python -m attention_core.tune) must not steer the tests' `auto` calls
+os.environ.setdefault("TILED_ATTENTION_PROFILE_DIR", tempfile.mkdtemp(prefix="tiled-attention-profiles-"))
 
 ALLOWED_SKIP_PREFIX = "not applicable"
 
