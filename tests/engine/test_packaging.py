@@ -2,6 +2,7 @@
 without ComfyUI, the repository or PYTHONPATH), never `nodes` (which would shadow ComfyUI's nodes.py) and never torch
 as a dependency (a ROCm user's torch must stay)."""
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -19,9 +20,12 @@ print(attention_core.__file__)
 
 
 def test_wheel_holds_the_engine_alone_and_it_works_installed(tmp_path):
-    wheels, site = tmp_path / "wheels", tmp_path / "site"
+    wheels, site, src = tmp_path / "wheels", tmp_path / "site", tmp_path / "src"
+    # built from a copy: setuptools writes build/ and *.egg-info beside pyproject.toml, never into the checkout
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv", ".cache", "build", "*.egg-info",
+                                                               "test-artifacts", "__pycache__"))
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                            "-w", str(wheels), ROOT], capture_output=True, text=True, timeout=300)
+                            "-w", str(wheels), str(src)], capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stderr[-3000:]
     (wheel,) = wheels.glob("*.whl")
     with zipfile.ZipFile(wheel) as z:
