@@ -16,6 +16,9 @@ ENV_VARS = {OLDEST: "COMFYUI_PATH", LATEST: "COMFYUI_LATEST_PATH"}
 # 0.3.75 pins (comfyui-frontend-package 1.32.9) here and the server is started with --front-end-root on it.
 FRONTENDS = {OLDEST: os.path.join(ROOT, ".cache", "frontend-1.32.9")}
 INPROCESS_ENV = "TILED_ATTENTION_TEST_COMFYUI"  # which version an in-process test session imports
+# the project's shared/ folder (stock ComfyUI sources, saved /object_info): ../shared, or $TILED_ATTENTION_SHARED
+# when the checkout lives elsewhere (CI runs it from <tmp>/ComfyUI/custom_nodes/tiled-attention)
+SHARED = os.environ.get("TILED_ATTENTION_SHARED") or os.path.join(os.path.dirname(ROOT), "shared")
 
 
 def comfy_path(version=LATEST):

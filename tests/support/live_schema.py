@@ -12,9 +12,9 @@ import sys
 import tempfile
 import warnings
 
-from tools.comfyui import ROOT, comfy_path
+from tools.comfyui import ROOT, SHARED, comfy_path
 
-SHARED_COMFYUI = os.path.join(os.path.dirname(ROOT), "shared", "comfyui")
+SHARED_COMFYUI = os.path.join(SHARED, "comfyui")
 SAVED = {"0.33.0": os.path.join(SHARED_COMFYUI, "object_info-0.33.0.json"),
          "0.3.75": os.path.join(SHARED_COMFYUI, "object_info-0.3.75.json")}
 PACK_FOLDER = "tiled-attention"  # the folder name the server's custom_nodes link uses (and users' git clones)

@@ -15,9 +15,9 @@ import os
 import re
 
 from tools import workflow_api as wapi
-from tools.comfyui import ROOT
+from tools.comfyui import ROOT, SHARED
 
-SHARED_COMFYUI = os.path.join(os.path.dirname(ROOT), "shared", "comfyui")
+SHARED_COMFYUI = os.path.join(SHARED, "comfyui")
 OBJECT_INFO_NEW = os.path.join(SHARED_COMFYUI, "object_info-0.33.0.json")
 OBJECT_INFO_OLD = os.path.join(SHARED_COMFYUI, "object_info-0.3.75.json")
 

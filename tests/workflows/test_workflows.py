@@ -60,7 +60,7 @@ LAUNCH_FLAGS = ("--lowvram", "--reserve-vram", "--disable-pinned-memory", "--cpu
 def _need(path):
     if not os.path.exists(path):
         pytest.skip(f"{path} is absent (the project's shared/ folder with saved /object_info files "
-                    f"is expected at ../shared relative to the repository root)")
+                    f"is expected at ../shared relative to the repository root, or at $TILED_ATTENTION_SHARED)")
 
 
 def schema(version):
