@@ -60,6 +60,10 @@ class ComfyServer:
         self._log_start = 0 if first else self._log.tell()
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(cmd, cwd=self.path, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        return self.wait_until_up(timeout)
+
+    def wait_until_up(self, timeout=240):
+        """Wait until the server answers /system_stats (after a start, or a restart the server did itself)."""
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -111,7 +115,13 @@ class ComfyServer:
 
     def run_prompt(self, prompt, timeout=600):
         """Queue an API-format prompt and wait for it; returns its history entry (outputs, status)."""
-        pid = self.post("/prompt", {"prompt": prompt, "client_id": "tests"})["prompt_id"]
+        return self.queue_prompt(prompt, timeout=timeout)[1]
+
+    def queue_prompt(self, prompt, extra_data=None, timeout=600):
+        """Queue an API-format prompt (with `extra_data`, as the frontend sends it) and wait for it; returns
+        (prompt_id, history entry)."""
+        pid = self.post("/prompt", {"prompt": prompt, "client_id": "tests",
+                                    "extra_data": extra_data or {}})["prompt_id"]
         deadline = time.time() + timeout
         while time.time() < deadline:
             hist = self.get(f"/history/{pid}")
@@ -120,7 +130,7 @@ class ComfyServer:
                 if entry["status"].get("status_str") != "success":
                     msgs = json.dumps(entry["status"].get("messages", []))[-3000:]
                     raise RuntimeError(f"prompt failed: {msgs}\n--- server log ---\n{self.log()[-3000:]}")
-                return entry
+                return pid, entry
             time.sleep(0.5)
         raise TimeoutError(f"prompt {pid} did not finish in {timeout}s\n{self.log()[-3000:]}")
 

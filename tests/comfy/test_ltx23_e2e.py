@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -64,22 +63,6 @@ def server(tmp_path_factory):
     srv.stop()
 
 
-def queue(server, prompt, extra_data=None, timeout=600):
-    """Like ComfyServer.run_prompt, with extra_data; returns (prompt_id, history entry)."""
-    pid = server.post("/prompt", {"prompt": prompt, "client_id": "tests", "extra_data": extra_data or {}})["prompt_id"]
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        hist = server.get(f"/history/{pid}")
-        if pid in hist and hist[pid].get("status", {}).get("completed") is not None:
-            entry = hist[pid]
-            if entry["status"].get("status_str") != "success":
-                msgs = json.dumps(entry["status"].get("messages", []))[-3000:]
-                raise RuntimeError(f"prompt failed: {msgs}\n--- server log ---\n{server.log()[-3000:]}")
-            return pid, entry
-        time.sleep(0.3)
-    raise TimeoutError(f"prompt {pid} did not finish in {timeout}s\n{server.log()[-3000:]}")
-
-
 def latents(server, entry):
     from safetensors.torch import load_file
     found = {}
@@ -117,7 +100,7 @@ class Runs:
                     if node["class_type"] == "TiledAttentionPatch":
                         node["inputs"]["memory_budget_mb"] = budget
                 extra = None if variant == "patched" else {"tiled_attention_test_break": variant}
-            pid, entry = queue(self.server, with_final_latents(p, tag), extra)
+            pid, entry = self.server.queue_prompt(with_final_latents(p, tag), extra)
             census = attention_census(self.server.log()).get(pid)
             assert census is not None, "no [attention-census] line: is tools/tiny_model_loaders loaded?"
             self.done[key] = {"entry": entry, "latents": latents(self.server, entry), "census": census}

@@ -86,19 +86,6 @@ def _request(srv, path, body=None, content_type="application/json", timeout=STEP
         return e.code, e.read().decode(errors="replace")
 
 
-def _wait_up(srv, timeout=STEP_TIMEOUT):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if srv.proc.poll() is not None:
-            raise AssertionError(f"ComfyUI exited with {srv.proc.returncode}:\n{srv.log()[-3000:]}")
-        try:
-            srv.get("/system_stats")
-            return
-        except (urllib.error.URLError, ConnectionError, OSError):
-            time.sleep(0.5)
-    raise AssertionError(f"ComfyUI did not come back within {timeout}s:\n{srv.log()[-3000:]}")
-
-
 def _manager_reboot(srv):
     """The Manager's Restart: it re-executes ComfyUI in the same process (os.execv), so the request gets no
     answer; returns the log offset where the new run starts."""
@@ -109,7 +96,7 @@ def _manager_reboot(srv):
     except (urllib.error.URLError, ConnectionError, OSError):
         pass  # the connection dies with the old server: the restart is under way
     time.sleep(1.0)
-    _wait_up(srv)
+    srv.wait_until_up(STEP_TIMEOUT)
     return mark
 
 
