@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import List, Sequence
 
@@ -107,11 +106,26 @@ def scaled_dot_product_attention_on_devices(query, key, value, attn_mask=None, d
     results = [None] * len(groups)
     grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
     measure = log.isEnabledFor(log_level)
-    with ThreadPoolExecutor(max_workers=len(groups), thread_name_prefix="attention-device") as pool:
-        futures = [pool.submit(_run_group, g, query, key, value, _mask_for(attn_mask, g, H), args, engine_kwargs,
-                               grad, inference, measure, results, i) for i, g in enumerate(groups)]
-        for f in futures:
-            f.result()  # a device's error (out of memory: the engine's message) is raised here
+    errors = [None] * len(groups)
+
+    def work(i, g):
+        try:
+            _run_group(g, query, key, value, _mask_for(attn_mask, g, H), args, engine_kwargs, grad, inference,
+                       measure, results, i)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread below
+            errors[i] = e
+
+    # One thread per device group, all started before any is joined: a thread pool may hand a finished worker the
+    # next group, and then the devices would run one after the other.
+    threads = [threading.Thread(target=work, args=(i, g), name=f"attention-device-{i}", daemon=True)
+               for i, g in enumerate(groups)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for e in errors:
+        if e is not None:
+            raise e  # a device's error (out of memory: the engine's message) is raised here
     out = torch.cat([r[0].to(query.device) for r in results], dim=-3)
     if measure:
         inputs = lambda g: sum(t[..., s, :, :].numel() * t.element_size()  # noqa: E731

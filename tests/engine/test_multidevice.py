@@ -52,9 +52,11 @@ def test_split_matches_torch(case):
 def test_groups_run_in_their_own_threads_and_are_logged(caplog):
     seen = []
     real = multidevice.scaled_dot_product_attention
+    all_three_running = threading.Barrier(3, timeout=30)  # breaks (and fails the test) unless the groups overlap
 
     def spy(*a, **kw):
         seen.append((threading.get_ident(), a[0].shape[-3]))
+        all_three_running.wait()
         return real(*a, **kw)
 
     q, k, v = (torch.randn(1, 6, 10, 4) for _ in range(3))
