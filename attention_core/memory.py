@@ -19,7 +19,7 @@ MIN_BLOCK = 16
 # query rows per head a tile keeps before it splits heads into groups: the GEMMs stay efficient above this
 PREF_ROWS = 64
 # score elements per tile we aim for (full rows for chunked / inplace, bq x bk for online)
-TARGET_TILE_ELEMS = {"cpu": 1 << 20, "other": 1 << 27}
+TARGET_TILE_ELEMS = {"cpu": 1 << 21, "other": 1 << 27}
 ONLINE_BLOCK_KV = {"cpu": 1024, "other": 4096}
 # share of the free memory the tiles may take when no budget is given
 FREE_FRACTION = {"cpu": 0.5, "other": 0.7}

@@ -49,6 +49,19 @@ class TileSource:
             self._global_ok = row_norm_max(p.q5) * abs(p.scale) * self.kmax < FP16_SAFE
         if p.dropout_p > 0:
             self.head_index = p.head_index()  # for the counter-based dropout hash
+        self._scratch = {}
+
+    def scratch(self, slot: int, shape, dtype) -> torch.Tensor:
+        """An uninitialised tensor of `shape` backed by buffer `slot`, reused from tile to tile (grown when a
+        tile needs more). A tier may hold one result per slot at a time. Why: on the CPU a tile of several MB freed
+        and allocated again is handed back to the OS and mapped fresh each time, and the page faults cost as much
+        as the softmax itself."""
+        n = math.prod(shape)
+        buf = self._scratch.get(slot)
+        if buf is None or buf.dtype != dtype or buf.numel() < n:
+            self._scratch[slot] = None  # let the old buffer go before the larger one is allocated
+            buf = self._scratch[slot] = torch.empty(n, dtype=dtype, device=self.p.device)
+        return buf[:n].view(shape)
 
     @property
     def k32(self):
@@ -81,11 +94,16 @@ class TileSource:
         """True when an unnormalised weights-times-V product over `keys` keys could pass fp16's range."""
         return self.guard and keys * self.vmax >= FP16_SAFE
 
-    def scores(self, qt: torch.Tensor, i0: int, i1: int, j0: int, j1: int) -> torch.Tensor:
-        """Masked score tile (B, Hkv, G, bq, bk) in qt's dtype; masked entries are -inf."""
+    def scores(self, qt: torch.Tensor, i0: int, i1: int, j0: int, j1: int, slot=None) -> torch.Tensor:
+        """Masked score tile (B, Hkv, G, bq, bk) in qt's dtype; masked entries are -inf. With `slot`, written
+        into that scratch buffer (the previous tile's scores there are overwritten)."""
         p = self.p
         k = self.k if qt.dtype == self.k.dtype else self.k32
-        s = torch.matmul(qt, k[:, :, j0:j1].transpose(-1, -2))
+        kt = k[:, :, j0:j1].transpose(-1, -2)
+        if slot is None:
+            s = torch.matmul(qt, kt)
+        else:
+            s = torch.matmul(qt, kt, out=self.scratch(slot, (p.B, p.Hkv, qt.shape[-2], j1 - j0), qt.dtype))
         s = s.view(p.B, p.Hkv, p.G, i1 - i0, j1 - j0)
         mt = p.mask_tile(i0, i1, j0, j1)
         if mt is not None:
