@@ -98,8 +98,8 @@ def bytes_per_score(tier: str, p: AttentionProblem, num: Numerics, backward: boo
         extra += 1
     if p.dropout_p > 0:
         extra += 3 * 8 + 1  # int64 hash temporaries and the keep bits
-    if backward:
-        return 4 * st + 3 * isz + extra
+    if backward:  # the fp32 scores/weights/dS tile, dP (compute dtype, then fp32), flush/temporaries
+        return 3 * st + extra
     if tier == "chunked":
         return 2 * isz + extra
     if tier == "inplace":

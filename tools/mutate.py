@@ -55,7 +55,7 @@ GRADS = [E + "test_sdpa_autograd.py", E + "test_ops.py", E + "test_transforms.py
 BY_FILE = [  # test files that do not exist in the mutated tree are dropped (the layout is moving)
     ("attention_core/autograd.py", GRADS),
     ("attention_core/tiers/backward.py", GRADS),
-    ("attention_core/memory.py", [E + "test_sdpa_memory.py", KILLS]),
+    ("attention_core/memory.py", [E + "test_sdpa_memory.py", E + "test_memory_estimates.py", KILLS]),
     ("attention_core/oom.py", [E + "test_sdpa_memory.py", KILLS]),
     ("attention_core/detection.py", [E + "test_detect_patch_ffn.py", E + "test_detection.py", KILLS]),
     ("attention_core/patch.py", [E + "test_detect_patch_ffn.py", E + "test_global_patch.py", KILLS]),

@@ -233,3 +233,21 @@ def test_non_finite_outputs_of_a_token_wise_module_still_chunk():
     got, want = m(x), torch.log(x)
     assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num())
     assert w.verified is True and w.calls_chunked == 1
+
+
+@pytest.mark.parametrize("n,p_sizes", [(10, [4, 6]), (7, [7]), (9, [3, 3, 3]), (5, [1, 1, 3]), (16, [5, 11]),
+                                       (64, [16, 16, 16, 16])])
+def test_the_second_partition_cuts_inside_every_piece_of_the_first(n, p_sizes):
+    """The token-mixing check runs the FFN on two partitions; it can only see mixing inside a piece of the first
+    if the second cuts that piece (a module that mixes tokens gives different outputs then)."""
+    from itertools import accumulate
+
+    from attention_core.ffn import _pieces_q
+    q_sizes = _pieces_q(n, p_sizes)
+    assert sum(q_sizes) == n and all(s > 0 for s in q_sizes)
+    q_cuts = set(accumulate(q_sizes[:-1]))
+    start = 0
+    for s in p_sizes:
+        if s >= 2:
+            assert any(start < c < start + s for c in q_cuts), f"piece [{start}, {start + s}) of {p_sizes} not cut"
+        start += s
