@@ -136,9 +136,15 @@ class TileSource:
         return v[:, :, j0:j1]
 
 
-def _finite_abs_max(t: torch.Tensor) -> torch.Tensor:
+def _finite_abs_max(t: torch.Tensor) -> float:
+    """max |t| over its finite elements (0 if none). One min/max pass without temporaries in the common case
+    that both are finite; a tensor holding inf or nan takes the slower masked pass."""
+    lo, hi = torch.aminmax(t.detach())
+    lo, hi = float(lo), float(hi)
+    if math.isfinite(lo) and math.isfinite(hi):
+        return max(-lo, hi)
     a = t.detach().abs()
-    return torch.where(torch.isfinite(a), a, torch.zeros((), dtype=a.dtype, device=a.device)).max()
+    return float(torch.where(torch.isfinite(a), a, torch.zeros((), dtype=a.dtype, device=a.device)).max())
 
 
 def lazy_source(p: AttentionProblem, num: Numerics):
