@@ -188,7 +188,12 @@ def worker(rank, world, init, out_dir):
             break  # the group is broken now
     with open(os.path.join(out_dir, f"rank{rank}.pkl"), "wb") as f:
         pickle.dump(results, f)
-    dist.destroy_process_group()
+    if only:
+        dist.destroy_process_group()
+    # else the absent-rank group is broken (its ranks timed out, one never joined): tearing gloo down then races
+    # the other ranks' teardown and can abort the process after its results are written. Exit without it.
+    sys.stdout.flush()
+    os._exit(0)
 
 
 # ---------------------------------------------------------------------------------------------------------------
