@@ -192,6 +192,12 @@ class ChunkedFFN:
         self._forward = fn
         self.verdicts.clear()
 
+    WRAPS = "forward"
+
+    def rewrapped(self, forward) -> "ChunkedFFN":
+        """A fresh wrapper with the same settings around another forward (the same module of another model)."""
+        return ChunkedFFN(forward, chunks=self.chunks, dim=self.dim, hidden=self.hidden, name=self.name)
+
     @property
     def verified(self):
         """Verdict of the latest checked signature (None before any)."""

@@ -11,7 +11,10 @@ original on unpatch, so nothing stays patched between prompts and no other objec
 """
 from __future__ import annotations
 
+import copy
 import inspect
+
+from .multigpu_clones import register as follow_multigpu_clones
 
 
 def forward_parameters(module) -> tuple:
@@ -37,7 +40,17 @@ def unwrap(obj, route_type):
     return obj
 
 
-class ArgumentRoute:
+class Rewrappable:
+    """A wrapper of one function held in `inner`; rewrapped(fn) is a copy around `fn` (multigpu_clones)."""
+    WRAPS = "inner"
+
+    def rewrapped(self, fn):
+        c = copy.copy(self)
+        c.inner = fn
+        return c
+
+
+class ArgumentRoute(Rewrappable):
     """Replaces the `optimized_attention` argument of one forward by `make_attention(original)`."""
 
     def __init__(self, forward, make_attention, parameter="optimized_attention"):
@@ -52,7 +65,7 @@ class ArgumentRoute:
         return self.inner(*bound.args, **bound.kwargs)
 
 
-class OptionsRoute:
+class OptionsRoute(Rewrappable):
     """Gives one forward `transformer_options` holding `override` when its caller passed none (or options
     without an attention override); calls that carry an override keep theirs."""
 
@@ -87,3 +100,5 @@ def set_routes(patcher, paths, suffix, route_type, make_route):
                 patcher.object_patches[key] = unwrap(current, route_type)
             else:
                 del patcher.object_patches[key]
+    if make_route is not None and paths:
+        follow_multigpu_clones(patcher)

@@ -14,13 +14,13 @@ import logging
 import math
 
 from .comfy_adapter import POSITIONAL, PatchSettings, run_engine, wants_engine
-from .object_routes import set_routes
+from .object_routes import Rewrappable, set_routes
 
 ATTRIBUTE = "optimized_attention"
 log = logging.getLogger("tiled_attention")
 
 
-class VaeAttentionRoute:
+class VaeAttentionRoute(Rewrappable):
     """f(q, k, v) of a VAE attention block: the engine on [B, 1, N, C], or `inner` (ComfyUI's) for calls the
     settings pass on."""
 

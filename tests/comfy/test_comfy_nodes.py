@@ -311,6 +311,28 @@ def test_ffn_chunking_exact_restored_and_lora_applies(pack, wan, tmp_path):
     assert torch.allclose(a, b, atol=1e-5)
 
 
+def test_ffn_chunking_follows_a_multigpu_deep_clone(pack, wan):
+    """ComfyUI's multi-GPU clone loads a fresh model and copies the object patches as they are; each ChunkedFFN
+    on the clone must wrap the clone's own module, not the original model's (on the first GPU)."""
+    import comfy.model_patcher
+    if not hasattr(comfy.model_patcher.ModelPatcher, "deepclone_multigpu"):
+        pytest.skip("not applicable: this ComfyUI has no multi-GPU deep clones")
+    latent, cond = wan_inputs()
+    chunked = run_node(pack, "TiledFFNChunking", wan, 4, True)[0]
+    ref = sample(chunked, latent, cond, steps=1)
+    clone = chunked.deepclone_multigpu(new_load_device=torch.device("cpu"))
+    assert clone.model is not chunked.model
+    keys = [k for k in clone.object_patches if k.endswith(".ffn.forward")]
+    assert len(keys) == 2
+    for key in keys:
+        wrapper = clone.object_patches[key]
+        assert wrapper.forward.__self__ is clone.model.get_submodule(key[:-len(".forward")]), key
+        assert chunked.object_patches[key].forward.__self__ is chunked.model.get_submodule(key[:-len(".forward")])
+    out = sample(clone, latent, cond, steps=1)
+    assert torch.allclose(out, ref, atol=1e-5)
+    assert all(clone.object_patches[k].calls_chunked > 0 for k in keys)
+
+
 def test_ffn_chunking_finds_ltx_ff(pack, ltxv):
     m = run_node(pack, "TiledFFNChunking", ltxv, 0, True)[0]
     assert sorted(k for k in m.object_patches) == [f"diffusion_model.transformer_blocks.{i}.ff.forward"
