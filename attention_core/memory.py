@@ -111,15 +111,18 @@ def _round(b: int) -> int:
     return b if b < 64 else b - b % 16
 
 
-def _tile(p: AttentionProblem, per: int, budget: int, bk: int, block_q, shrink_kv: bool):
+def tile_for(lq: int, hkv: int, pairs_per_row: int, per: int, budget: int, bk: int, kind: str, block_q=None,
+             shrink_kv: bool = False):
     """(bq, bk, heads) for tiles of `per` bytes a score within `budget`, or None; halves bk while allowed.
 
-    A (kv head, query row) pair holds B * G * bk scores. The tile takes as many pairs as the target size and
-    the budget allow, all heads when that leaves PREF_ROWS rows per head, else fewer heads with more rows."""
-    lq, hkv = max(1, p.Lq), max(1, p.Hkv)
-    target = TARGET_TILE_ELEMS[_kind(p.device)]
+    Shapes only (attention_core.plan reports the same tiles): lq query rows, hkv kv heads, each (kv head, query
+    row) pair holding pairs_per_row * bk scores (B * G: batch and the GQA group). The tile takes as many pairs as
+    TARGET_TILE_ELEMS[kind] and the budget allow, all heads when that leaves PREF_ROWS rows per head, else fewer
+    heads with more rows."""
+    lq, hkv = max(1, lq), max(1, hkv)
+    target = TARGET_TILE_ELEMS[kind]
     while True:
-        per_pair = max(1, p.B * p.G) * bk
+        per_pair = max(1, pairs_per_row) * bk
         if block_q is not None:
             return min(block_q, lq), bk, hkv
         fit = budget // (per_pair * per)
@@ -132,6 +135,10 @@ def _tile(p: AttentionProblem, per: int, budget: int, bk: int, block_q, shrink_k
         if not shrink_kv or bk <= MIN_BLOCK:
             return None
         bk = max(MIN_BLOCK, bk // 2)
+
+
+def _tile(p: AttentionProblem, per: int, budget: int, bk: int, block_q, shrink_kv: bool):
+    return tile_for(p.Lq, p.Hkv, p.B * p.G, per, budget, bk, _kind(p.device), block_q, shrink_kv)
 
 
 def plan_forward(p: AttentionProblem, num: Numerics, tier: str, budget: int, block_q=None,

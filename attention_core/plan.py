@@ -141,28 +141,18 @@ def comfy_split(bh: int, n: int, elem: int, free: int) -> dict:
 
 
 def pack_tile(tier: str, bh_kv: int, g: int, n: int, elem: int, budget: int, cpu: bool) -> Optional[dict]:
-    """The tile the pack's planner takes for `tier` within `budget` bytes (attention_core.memory._tile rules:
-    about TARGET_TILE_ELEMS scores, all heads when that leaves >= PREF_ROWS rows each, else fewer heads);
-    None when not even MIN_BLOCK rows fit."""
-    from .memory import MIN_BLOCK, ONLINE_BLOCK_KV, PREF_ROWS, TARGET_TILE_ELEMS
+    """The tile the pack's planner takes for `tier` within `budget` bytes: attention_core.memory.tile_for, the
+    engine's own rule (about TARGET_TILE_ELEMS scores, all heads when that leaves >= PREF_ROWS rows each, else
+    fewer heads); None when not even MIN_BLOCK rows fit."""
+    from .memory import ONLINE_BLOCK_KV, tile_for
     kind = "cpu" if cpu else "other"
     per = tier_bytes_per_score(tier, elem)
     bk = n if tier != "online" else min(n, ONLINE_BLOCK_KV[kind])
-    target = TARGET_TILE_ELEMS[kind]
-    while True:
-        per_pair = g * bk
-        fit = budget // (per_pair * per)
-        if fit >= min(MIN_BLOCK, n):
-            pairs = min(max(MIN_BLOCK, target // per_pair), fit)
-            if pairs >= bh_kv * min(PREF_ROWS, n):
-                rows, heads = min(n, pairs // bh_kv), bh_kv
-            else:
-                rows = min(n, max(min(MIN_BLOCK, n), min(PREF_ROWS, pairs)))
-                heads = max(1, min(bh_kv, pairs // rows))
-            return {"rows": rows, "keys": bk, "heads": heads, "bytes": per * g * rows * bk * heads}
-        if tier != "online" or bk <= MIN_BLOCK:
-            return None
-        bk = max(MIN_BLOCK, bk // 2)
+    t = tile_for(n, bh_kv, g, per, budget, bk, kind, shrink_kv=tier == "online")
+    if t is None:
+        return None
+    rows, bk, heads = t
+    return {"rows": rows, "keys": bk, "heads": heads, "bytes": per * g * rows * bk * heads}
 
 
 def pack_floor(tier: str, n: int, elem: int) -> int:

@@ -111,3 +111,33 @@ def test_cli(capsys):
     assert "34,680 video tokens" in out and "32 heads x 128" in out
     with pytest.raises(SystemExit):
         plan.main(["--model", "bogus", "--width", "1", "--height", "1", "--frames", "1"])
+
+
+@pytest.mark.parametrize("tier", ["chunked", "inplace", "online"])
+@pytest.mark.parametrize("heads,n,budget", [(24, 4290, 64 << 20), (24, 4290, 8 << 20), (24, 4290, 2 << 30),
+                                            (40, 3000, 16 << 20), (2, 500, 1 << 20), (3, 4290, 300 << 10)])
+def test_pack_tile_is_the_tile_the_engine_plans(tier, heads, n, budget):
+    """The fit report's tile (plan.pack_tile) is the one the engine's planner (memory.plan_forward) takes for the
+    same shape, dtype and budget on the CPU: the report describes what will run."""
+    import torch
+
+    from attention_core.memory import plan_forward
+    from attention_core.numerics import choose_numerics
+    from attention_core.problem import normalize
+    q = torch.zeros(1, heads, n, 8)
+    p = normalize(q, q, q, None, 0.0, False, None, False)
+    engine = plan_forward(p, choose_numerics(p.dtype, p.device), tier, budget)
+    report = plan.pack_tile(tier, heads, 1, n, 4, budget, cpu=True)
+    if engine is None:
+        assert report is None
+    else:
+        assert (report["rows"], report["keys"], report["heads"]) == (engine.block_q, engine.block_kv,
+                                                                    engine.block_h)
+
+
+def test_free_memory_unknown_is_read_as_4_gb(monkeypatch):
+    """Where the device reports no free memory, the report assumes 4 GiB (and says where it looked)."""
+    import attention_core.memory as memory
+    monkeypatch.setattr(memory, "free_memory", lambda dev: None)
+    free, where = plan.detected_free()
+    assert free == 4 * GB and where
