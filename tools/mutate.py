@@ -118,6 +118,18 @@ EQUIVALENT = [
      "if p.causal and j1 - 1 > i0 + p.causal_offset:  # some key in the tile is right of some row's diagonal",
      "if p.causal and j1 // 1 > i0 + p.causal_offset:  # some key in the tile is right of some row's diagonal",
      "the test only skips a no-op: with j1 - 1 == i0 + offset no key is right of any row's diagonal"),
+    ("attention_core/parallel.py", "meta += [0.0] * (_META - len(meta))", "meta += [0.0] * (_META + len(meta))",
+     "only more zero padding, which meta[:_META] cuts off on the next line"),
+    ("attention_core/ops.py", "if p.Lq == 0 or p.B == 0 or p.Hkv == 0 or p.G == 0 or p.Lk == 0:",
+     "if p.Lq == 0 or p.B <= 0 or p.Hkv == 0 or p.G == 0 or p.Lk == 0:",
+     "p.B is a tensor size, never negative"),
+    ("attention_core/tiles.py", "kt = k[:, :, j0:j1].transpose(-1, -2)", "kt = k[:, :, j0:j1].transpose(-1, 2)",
+     "k is always 4-D (B, Hkv, Lk, E), so dim 2 is dim -2"),
+    ("attention_core/parallel.py",
+     "if tuple(window_size) != (-1, -1) or softcap or alibi_slopes is not None or return_attn_probs:",
+     "if tuple(window_size) > (-1, -1) or softcap or alibi_slopes is not None or return_attn_probs:",
+     "flash-attn window sizes are -1 (unbounded) or >= 0, and every such pair other than (-1, -1) compares "
+     "greater than it"),
     ("attention_core/memory.py", "if p.dropout_p > 0:", "if p.dropout_p != 0:",
      "only a negative dropout_p (rejected by sdpa; meaningless in ops) would differ, and then only the tile "
      "size estimate grows: results are the same"),

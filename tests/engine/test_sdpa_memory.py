@@ -129,14 +129,16 @@ def test_free_memory_on_cpu_and_explicit_budget():
 
 @pytest.mark.parametrize("tier", ["chunked", "inplace", "online"])
 def test_head_groups_exact_forward_backward_dropout(tier, monkeypatch):
-    """Small tiles split the heads into groups: results, gradients (a per-head and a head-less float mask)
+    """Small tiles split the heads into groups: results, gradients (float masks per head, per batch, both, neither)
     and dropout bits are the same as one tile over all heads."""
     import attention_core.memory as mem
     from reference import reference_grads
     torch.manual_seed(12)
     q, k, v = (torch.randn(2, 6, 40, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
     for mask in (torch.randn(2, 6, 40, 40, dtype=torch.float64, requires_grad=True),
-                 torch.randn(40, 40, dtype=torch.float64, requires_grad=True)):
+                 torch.randn(40, 40, dtype=torch.float64, requires_grad=True),
+                 torch.randn(1, 6, 40, 40, dtype=torch.float64, requires_grad=True),  # per head, shared by batch
+                 torch.randn(2, 1, 40, 40, dtype=torch.float64, requires_grad=True)):  # per batch, shared by heads
         dout = torch.randn(2, 6, 40, 8, dtype=torch.float64)
         ref_out, ref_grads = reference_grads(q, k, v, dout, mask)
         monkeypatch.setattr(mem, "TARGET_TILE_ELEMS", {"cpu": 2 * 16 * 40, "other": 2 * 16 * 40})
