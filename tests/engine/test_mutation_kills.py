@@ -5,6 +5,8 @@ broadcast float mask's gradient over several query tiles, flush-to-zero in the b
 message form, and `patched()` nested in `enable()`. All go through the public API (and torch itself for injected
 failures), so they survive the engine being reorganised inside.
 """
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -302,3 +304,20 @@ def test_dropout_bits_for_a_seed_are_stable_across_releases():
     bits = dropout_keep(1234, 0.5, torch.zeros(1, dtype=torch.int64), rows, cols, 4, 16)
     packed = [int("".join("1" if b else "0" for b in row), 2) for row in bits.view(4, 16).tolist()]
     assert packed == PINNED_DROPOUT_ROWS
+
+
+def test_one_dimensional_inputs_get_the_engines_error():
+    """q, k, v need at least (L, E): a 1-D tensor is refused up front with a message naming the shape."""
+    x = torch.randn(8)
+    with pytest.raises(RuntimeError, match=r"at least 2 dims \(L, E\), got shape \(8,\)"):
+        sdpa(x, x, x)
+
+
+def test_ffn_auto_chunks_assume_4_gib_when_free_memory_is_unknown(monkeypatch):
+    """Where the device reports no free memory, FFN Chunking's auto count sizes the activation against 4 GiB."""
+    import attention_core.ffn as ffn
+    monkeypatch.setattr(ffn, "free_memory", lambda device: None)
+    wrapper = ffn.ChunkedFFN(lambda x: x, chunks=0, hidden=4096)
+    x = torch.empty(1, 65536, 8)  # activation 2 * 65536 * 4096 * 4 bytes = 2 GiB
+    expected = max(1, min(65536, math.ceil(2 * 65536 * 4096 * 4 / max(1, (4 << 30) * ffn.AUTO_SHARE))))
+    assert wrapper.chunk_count(x) == expected > 1
