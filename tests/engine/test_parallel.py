@@ -45,6 +45,15 @@ CASES = {
     "ranks_disagree": dict(B=1, H=4, Hkv=4, n=6, D=8, bad="rank1_longer", expect="ValueError"),
     "rank0_malformed": dict(B=1, H=4, Hkv=4, n=6, D=8, bad="rank0_3d", expect="ValueError"),
     "dropout": dict(B=1, H=4, Hkv=4, n=6, D=8, dropout=0.3, expect={"ring": "NotImplementedError"}),
+    # issue 17.4: a float mask that requires grad gets torch's gradient (this rank's rows; see mask_leaves)
+    "mask_grad_full": dict(B=2, H=4, Hkv=4, n=4, D=8, mask="float_full", mask_grad=True),
+    "mask_grad_key_padding": dict(B=2, H=4, Hkv=2, n=4, D=8, gqa=True, mask="float_key_padding", mask_grad=True),
+    "mask_grad_rows": dict(B=1, H=4, Hkv=4, n=4, D=8, mask="float_rows", mask_grad=True),
+    "mask_grad_heads": dict(B=1, H=4, Hkv=4, n=4, D=8, mask="float_heads", mask_grad=True, lse=True),
+    # issue 17.6: return_lse=True, lse exact and differentiable
+    "lse_causal": dict(B=1, H=4, Hkv=2, n=6, D=8, causal=True, gqa=True, lse=True),
+    "lse_causal_odd": dict(B=1, H=4, Hkv=4, n=5, D=8, causal=True, lse=True),
+    "lse_bool_mask": dict(B=2, H=4, Hkv=4, n=4, D=8, mask="key_padding", scale=0.4, lse=True),
 }
 
 
@@ -72,6 +81,12 @@ def build(spec, P, seed):
         mask[1, ..., : 3] = False
     elif kind == "float_full":
         mask = torch.randn(B, H, N, N, generator=g, dtype=torch.float64)
+    elif kind == "float_key_padding":
+        mask = torch.randn(B, 1, 1, N, generator=g, dtype=torch.float64)
+    elif kind == "float_rows":
+        mask = torch.randn(N, N, generator=g, dtype=torch.float64)
+    elif kind == "float_heads":
+        mask = torch.randn(1, H, 1, N, generator=g, dtype=torch.float64)
     elif kind == "bool_rows":
         mask = torch.rand(N, N, generator=g) > 0.4
         mask[:, 0] = True  # no fully masked row
@@ -80,6 +95,31 @@ def build(spec, P, seed):
 
 def slice_rows(t, r, n):
     return t[..., r * n:(r + 1) * n, :]
+
+
+def local_mask(mask, r, n):
+    """Rank r's mask: its query rows, or the whole mask when it has no row dim."""
+    return None if mask is None else (mask if mask.shape[-2] == 1 else mask[..., r * n:(r + 1) * n, :])
+
+
+def mask_leaves(mask, P, n):
+    """One leaf per rank (its local mask) and the full mask made of them: rank r's copy applies to rank r's query
+    rows, so torch's gradient of leaf r is what rank r must get (the ranks' gradients of a shared key-padding mask
+    sum to torch's gradient of that one mask)."""
+    leaves = [local_mask(mask, r, n).clone().requires_grad_(True) for r in range(P)]
+    four = [m.reshape((1,) * (4 - m.dim()) + tuple(m.shape)) for m in leaves]
+    return leaves, torch.cat([m.expand(*m.shape[:2], n, m.shape[3]) for m in four], dim=-2)
+
+
+def reference_lse(q, k, mask, causal, scale):
+    """torch.logsumexp of the float64 scores, scaled and masked (differentiable)."""
+    H, Hkv = q.shape[1], k.shape[1]
+    s = q @ k.repeat_interleave(H // Hkv, dim=1).transpose(-1, -2) * (scale or 1.0 / math.sqrt(q.shape[-1]))
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+    return torch.logsumexp(s, dim=-1)
 
 
 def run_case(name, spec, algo, rank, P):
@@ -93,11 +133,23 @@ def run_case(name, spec, algo, rank, P):
     n = spec["n"]
     kw = dict(is_causal=spec.get("causal", False), scale=spec.get("scale"), enable_gqa=spec.get("gqa", False),
               dropout_p=spec.get("dropout", 0.0))
+    mask_grad, want_lse = spec.get("mask_grad", False), spec.get("lse", False)
+    dlse = torch.randn(q.shape[:3], generator=torch.Generator().manual_seed(7), dtype=torch.float64)
     with sdpa_kernel([SDPBackend.MATH]):
         leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-        ref = F.scaled_dot_product_attention(*leaves, attn_mask=mask, **{**kw, "dropout_p": 0.0})
-        ref.backward(dout)
+        ref_mask = mask
+        if mask_grad:
+            m_leaves, ref_mask = mask_leaves(mask, P, n)
+        ref = F.scaled_dot_product_attention(*leaves, attn_mask=ref_mask, **{**kw, "dropout_p": 0.0})
+        outs, grads = [ref], [dout]
+        if want_lse:
+            ref_lse = reference_lse(*leaves[:2], ref_mask, kw["is_causal"], kw["scale"])
+            outs.append(ref_lse)
+            grads.append(dlse)
+        torch.autograd.backward(outs, grads)
         ref_grads = [t.grad for t in leaves]
+        if mask_grad:
+            ref_grads.append(m_leaves[rank].grad)
         torch_err = None
         if dtype != torch.float64:  # torch's own error at this dtype is the yardstick
             lo = [t.to(dtype).requires_grad_(True) for t in (q, k, v)]
@@ -106,25 +158,39 @@ def run_case(name, spec, algo, rank, P):
             torch_err = [(o.double() - ref).abs().max().item()] + [
                 (t.grad.double() - r).abs().max().item() for t, r in zip(lo, ref_grads)]
     mine = [slice_rows(t, rank, n).to(dtype).detach().clone().requires_grad_(True) for t in (q, k, v)]
-    my_mask = None if mask is None else (mask if mask.shape[-2] == 1 else mask[..., rank * n:(rank + 1) * n, :])
+    my_mask = local_mask(mask, rank, n)
+    if mask_grad:
+        my_mask = my_mask.clone().requires_grad_(True)
     args = list(mine)
     if spec.get("bad") == "rank1_longer" and rank == 1:
         args = [torch.cat([t, t[..., :1, :]], dim=-2) for t in mine]
     if spec.get("bad") == "rank0_3d" and rank == 0:
         args[0] = mine[0][0]
+    if want_lse:
+        kw["return_lse"] = True
     t0 = time.perf_counter()
     if spec.get("autocast"):  # fp32 inputs computed in bf16, as torch's SDPA does under autocast
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = fn(*args, attn_mask=my_mask, **kw)
         return {"seconds": time.perf_counter() - t0, "dtype": str(out.dtype), "finite": True}
     out = fn(*args, attn_mask=my_mask, **kw)
-    out.backward(slice_rows(dout, rank, n).to(dtype))
+    lse = None
+    if want_lse:
+        out, lse = out
+        torch.autograd.backward([out, lse], [slice_rows(dout, rank, n).to(dtype), dlse[..., rank * n:(rank + 1) * n]])
+    else:
+        out.backward(slice_rows(dout, rank, n).to(dtype))
     res = {"seconds": time.perf_counter() - t0, "shape": tuple(out.shape), "finite": bool(torch.isfinite(out).all())}
     if kw["dropout_p"] == 0.0:
-        res["err"] = [(out.double() - slice_rows(ref, rank, n)).abs().max().item()] + [
-            (t.grad.double() - slice_rows(r, rank, n)).abs().max().item() for t, r in zip(mine, ref_grads)]
-        res["scale"] = [slice_rows(ref, rank, n).abs().max().item()] + [
-            slice_rows(r, rank, n).abs().max().item() for r in ref_grads]
+        got = [out] + [t.grad for t in mine] + ([my_mask.grad] if mask_grad else [])
+        want = [slice_rows(ref, rank, n)] + [slice_rows(r, rank, n) for r in ref_grads[:3]] + ref_grads[3:]
+        res["what"] = ["out", "dq", "dk", "dv"] + (["dmask"] if mask_grad else [])
+        if want_lse:
+            got.append(lse)
+            want.append(ref_lse.detach()[..., rank * n:(rank + 1) * n])
+            res["what"].append("lse")
+        res["err"] = [float("inf") if a is None else (a.double() - b).abs().max().item() for a, b in zip(got, want)]
+        res["scale"] = [b.abs().max().item() for b in want]
         res["torch_err"] = torch_err
     return res
 
@@ -271,7 +337,8 @@ def test_every_rank(groups, world, algo, case):
             for what, e, te, s in zip(("out", "dq", "dk", "dv"), res["err"], res["torch_err"], res["scale"]):
                 assert e <= 8 * te + 1e-6 * s, f"{where} {what}: error {e:.3g} vs torch fp32 {te:.3g}"
         else:
-            for what, e, s in zip(("out", "dq", "dk", "dv"), res["err"], res["scale"]):
+            assert len(res["err"]) == len(res["what"]) == (4 + bool(spec.get("mask_grad")) + bool(spec.get("lse")))
+            for what, e, s in zip(res["what"], res["err"], res["scale"]):
                 assert e <= 1e-10 * max(1.0, s), f"{where} {what}: max error {e:.3g} (scale {s:.3g})"
 
 
