@@ -12,6 +12,7 @@ import datetime
 import math
 import os
 import pickle
+import re
 import subprocess
 import sys
 import time
@@ -25,6 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 WORLDS = (2, 4)
 GROUP_TIMEOUT_S = 60
 ABSENT_TIMEOUT_S = 4
+RECOVER_TIMEOUT_S = 8  # the process group of each error-recovery case: a broken group shows as this timeout
 ALGOS = ("ulysses", "ring")
 
 # name -> spec. n: tokens per rank; H/Hkv heads; mask: kind; expect: "ok" or the exception every rank must raise
@@ -54,6 +56,20 @@ CASES = {
     "lse_causal": dict(B=1, H=4, Hkv=2, n=6, D=8, causal=True, gqa=True, lse=True),
     "lse_causal_odd": dict(B=1, H=4, Hkv=4, n=5, D=8, causal=True, lse=True),
     "lse_bool_mask": dict(B=2, H=4, Hkv=4, n=4, D=8, mask="key_padding", scale=0.4, lse=True),
+}
+
+
+# issue 17.7: (algo, kind) -> what every rank raises; after it, a valid call on the same group must be right
+RECOVERY = {
+    ("ring", "unknown_tier"): "ValueError",  # checked before anything is sent
+    ("ring", "unknown_option"): "ValueError",
+    ("ring", "budget_too_small"): "AttentionMemoryError",  # every rank fails in its first block, mid-ring
+    ("ring", "rank1_oom_forward"): {1: "OutOfMemoryError", "others": "RuntimeError"},  # one rank, mid-ring
+    ("ring", "rank1_oom_backward"): {1: "OutOfMemoryError", "others": "RuntimeError"},
+    ("ring", "causal_rank1_oom_forward"): {1: "OutOfMemoryError", "others": "RuntimeError"},  # zigzag
+    ("ulysses", "unknown_tier"): "ValueError",
+    ("ulysses", "rank1_oom_forward"): {1: "OutOfMemoryError", "others": "RuntimeError"},
+    ("ulysses", "rank1_oom_backward"): {1: "OutOfMemoryError", "others": "RuntimeError"},
 }
 
 
@@ -217,6 +233,84 @@ def yunchang_case(rank, world):
         return {"outcome": type(e).__name__, "message": str(e), "trace": traceback.format_exc()}
 
 
+class _FailInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        raise torch.OutOfMemoryError("injected: out of memory in the backward on rank 1")
+
+
+def _inject(parallel, kind, rank):
+    """Make rank 1 fail as `kind` says (a real exception from inside the call); returns an undo function."""
+    if rank != 1 or "rank1_oom" not in kind:
+        return lambda: None
+    backward = kind.endswith("backward")
+    names = ["scaled_dot_product_attention"] if "ulysses" in kind else [
+        "block_backward" if backward else "block_forward"]
+    saved = {n: getattr(parallel, n) for n in names}
+    calls = [0]
+
+    def failing(*a, **kw):
+        calls[0] += 1
+        if not backward and calls[0] >= 2:  # the second block: K/V of the first step are already in flight
+            raise torch.OutOfMemoryError("injected: out of memory on rank 1 in a block")
+        res = saved[names[0]](*a, **kw)
+        if backward and names[0] == "block_backward" and calls[0] >= 2:
+            raise torch.OutOfMemoryError("injected: out of memory in the backward on rank 1")
+        if backward and names[0] == "scaled_dot_product_attention":
+            return (_FailInBackward.apply(res[0]), res[1]) if isinstance(res, tuple) else _FailInBackward.apply(res)
+        return res
+
+    if "ulysses" in kind and not backward:
+        def failing(*a, **kw):  # noqa: F811 - the engine call on this rank's head shard fails
+            raise torch.OutOfMemoryError("injected: out of memory on rank 1 in the engine")
+    setattr(parallel, names[0], failing)
+    return lambda: [setattr(parallel, n, f) for n, f in saved.items()]
+
+
+def recovery_case(algo, kind, rank, world):
+    """On a fresh group: the failing call (with backward), then a valid call with backward, checked in float64."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from attention_core import parallel
+    group = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=RECOVER_TIMEOUT_S))
+    fn = getattr(parallel, f"{algo}_attention")
+    causal = kind.startswith("causal")
+    spec = dict(B=1, H=4, Hkv=4, n=4, D=8)
+    q, k, v, dout, _ = build(spec, world, seed=5)
+    n = spec["n"]
+    engine = {"unknown_tier": {"tier": "fastest"}, "unknown_option": {"block_size": 16},
+              "budget_too_small": {"memory_budget": 1}}.get(kind, {})
+    res = {}
+    undo = _inject(parallel, algo + "_" + kind if algo == "ulysses" else kind, rank)
+    t0 = time.perf_counter()
+    try:
+        mine = [slice_rows(t, rank, n).clone().requires_grad_(True) for t in (q, k, v)]
+        fn(*mine, is_causal=causal, group=group, **engine).backward(slice_rows(dout, rank, n))
+        res["error"] = {"outcome": "returned"}
+    except Exception as e:  # noqa: BLE001
+        res["error"] = {"outcome": type(e).__name__, "message": str(e), "seconds": time.perf_counter() - t0}
+    finally:
+        undo()
+    t0 = time.perf_counter()
+    try:
+        mine = [slice_rows(t, rank, n).clone().requires_grad_(True) for t in (q, k, v)]
+        out = fn(*mine, is_causal=causal, group=group)
+        out.backward(slice_rows(dout, rank, n))
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        ref = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+        ref.backward(dout)
+        err = max([(out - slice_rows(ref, rank, n)).abs().max().item()] + [
+            (t.grad - slice_rows(r.grad, rank, n)).abs().max().item() for t, r in zip(mine, leaves)])
+        res["after"] = {"outcome": "ok", "err": err, "seconds": time.perf_counter() - t0}
+    except Exception as e:  # noqa: BLE001
+        res["after"] = {"outcome": type(e).__name__, "message": str(e), "seconds": time.perf_counter() - t0}
+    return res
+
+
 def worker(rank, world, init, out_dir):
     sys.path.insert(0, ROOT)
     import torch.distributed as dist
@@ -237,6 +331,9 @@ def worker(rank, world, init, out_dir):
                 results[(name, algo)] = {"outcome": type(e).__name__, "message": str(e),
                                          "trace": traceback.format_exc(), "seconds": time.perf_counter() - t0}
     results[("yunchang", "ulysses")] = yunchang_case(rank, world)
+    if not only or "recover" in only:
+        for algo, kind in RECOVERY:
+            results[("recover", algo, kind)] = recovery_case(algo, kind, rank, world)
     if not only:  # last, as it leaves its group broken: rank 1 never calls, the others must not hang
         absent = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=ABSENT_TIMEOUT_S))
         q = torch.randn(1, 4, 6, 8)
@@ -381,6 +478,36 @@ def test_yunchang_ulysses_with_this_engine(groups, world):
             missing(f"yunchang is not installed (pip install --no-deps yunchang==0.6.4): {res['message']}")
         assert res["outcome"] == "ok", res.get("trace", res)
         assert res["err"] < 1e-12, res
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("algo,kind", list(RECOVERY))
+def test_an_error_leaves_the_group_usable(groups, world, algo, kind):
+    """Issue 17.7: every rank raises promptly (the same message where the inputs are at fault), and the next
+    valid call on the same process group gives the right answer on every rank, well within its timeout."""
+    runs = groups(world)
+    want = RECOVERY[(algo, kind)]
+    messages = set()
+    for rank in range(world):
+        res = runs[rank][("recover", algo, kind)]
+        where = f"{algo} {kind} rank {rank}/{world}"
+        err = res["error"]
+        expect = want if isinstance(want, str) else want.get(rank, want["others"])
+        assert err["outcome"] == expect, f"{where}: expected {expect}, got {err}"
+        assert err["seconds"] < RECOVER_TIMEOUT_S / 2, f"{where}: the error took {err['seconds']:.1f} s"
+        if isinstance(want, str):
+            messages.add(re.sub(r"\(rank \d+ of \d+\)", "(rank r)", err["message"]))
+        elif rank != 1:
+            assert "rank(s) [1]" in err["message"] and "injected" in err["message"], err["message"]
+        after = res["after"]
+        assert after["outcome"] == "ok", f"{where}: the next call on the group failed: {after}"
+        assert after["err"] < 1e-10 and after["seconds"] < RECOVER_TIMEOUT_S / 2, f"{where}: {after}"
+    if isinstance(want, str):
+        assert len(messages) == 1, f"{algo} {kind}: the ranks raised different messages: {messages}"
+    if kind == "unknown_tier":
+        assert "tier" in messages.pop()
+    if kind == "unknown_option":
+        assert "block_size" in messages.pop()
 
 
 def test_messages_name_the_problem(groups):
