@@ -17,9 +17,23 @@ broadcastable to [B, H, N/P, N] (a key-padding mask [B, 1, 1, N] costs nothing e
            one more hop home; each block's gradient comes from the recompute backward given the GLOBAL out and lse.
            Memory O(N/P) per rank. dropout_p > 0 raises NotImplementedError (use Ulysses).
 
+Gradients: q, k, v, and a floating attn_mask with requires_grad (torch's dS, summed over the mask's broadcast
+dims). A mask holds this rank's query rows, so its gradient is this rank's rows' part: for a mask without a row
+dim (key padding [B, 1, 1, N]) shared by all ranks, the ranks' gradients sum to torch's gradient of that one mask
+(all_reduce them, as for any replicated parameter). Ulysses gives such a mask its rows internally when it needs a
+gradient ([B, H or 1, N/P, N] per rank for the duration of the call).
+return_lse=True returns (out, lse) as the engine's scaled_dot_product_attention does: lse [B, H, N/P] this rank's
+rows, the log-sum-exp of the scaled, masked scores over all N keys, float32 (float64 for float64), differentiable.
+
 Every call first all-gathers a small description of each rank's inputs, so ranks that disagree (shapes, dtype,
-flags) or a rank whose inputs are malformed raise a ValueError on every rank instead of hanging; every collective
-after that runs under the process group's timeout (init_process_group(timeout=...)).
+flags) or a rank whose inputs or engine options (tier, memory_budget, an unknown keyword, ...) are malformed raise
+a ValueError on every rank, with the same message (naming the rank(s) and the problem), before anything else is
+sent. An error after that (out of
+memory, no tile fitting memory_budget, on one rank or all, forward or backward) does not stop the communication
+half way: the failing rank keeps passing its blocks until every posted send and receive has completed, then one
+more small all_gather tells every rank; the failing rank re-raises its own exception, the others a RuntimeError
+naming it. The process group stays usable for the next call. Every collective runs under the process group's
+timeout (init_process_group(timeout=...)), so a rank that never calls makes the others raise instead of hanging.
 """
 from __future__ import annotations
 
@@ -129,12 +143,14 @@ def _agree(fn: str, group, q, k, v, mask, flags: Sequence[float], local_error: O
                            f"within its timeout (each rank must call {fn} the same number of times, in the same "
                            f"order): {e}") from e
     rows = torch.stack(table).cpu()
-    if local_error is not None:
-        raise ValueError(f"{fn} (rank {rank} of {world}): {local_error}")
     bad = [i for i in range(world) if rows[i, 0] != 0]
-    if bad:
-        raise ValueError(f"{fn} (rank {rank} of {world}): rank(s) {bad} rejected their inputs (see the error on "
-                         f"those ranks); every rank stops here.")
+    if bad:  # every rank saw the same flags, so every rank takes part in this second, small exchange
+        texts = _gather_texts(group, device, local_error)
+        same = all(texts[i] == texts[bad[0]] for i in bad)
+        detail = (f"rank {bad[0]}: {texts[bad[0]]}" if len(bad) == 1 else f"every one of them: {texts[bad[0]]}"
+                  if same else "; ".join(f"rank {i}: {texts[i]}" for i in bad))
+        raise ValueError(f"{fn} (rank {rank} of {world}): rank(s) {bad} rejected the call, so every rank stops here "
+                         f"before anything is sent; {detail}")
     differ = [i for i in range(world) if not torch.equal(rows[i], rows[0])]
     if differ:
         def shapes(i):
@@ -165,27 +181,31 @@ def _comm_device(group, t):
     return t.device if dist.get_backend(group) != "gloo" else torch.device("cpu")
 
 
+def _gather_texts(group, device, text: Optional[str]) -> List[str]:
+    """Every rank's text (empty for None), through one all_gather of _MSG bytes per rank."""
+    world = dist.get_world_size(group)
+    mine = torch.zeros(_MSG, dtype=torch.uint8)
+    if text:
+        raw = text.encode("utf-8", "replace")[:_MSG]
+        mine[:len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    mine = mine.to(device)
+    table = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(table, mine, group=group)
+    return [bytes(t.cpu().tolist()).rstrip(b"\0").decode("utf-8", "replace") for t in table]
+
+
 def _settle(fn, group, device, error: Optional[BaseException]):
     """After the communication of a call has completed on this rank: tell every rank whether this rank failed
     (one small all_gather), so that either every rank returns or every rank raises. The failing rank re-raises its
     own exception; the others raise a RuntimeError naming it and its message. The group stays usable."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
-    mine = torch.zeros(_MSG, dtype=torch.uint8)
-    if error is not None:
-        text = f"{type(error).__name__}: {error}".encode("utf-8", "replace")[:_MSG - 1]
-        mine[0] = 1
-        mine[1:1 + len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
-    mine = mine.to(device)
-    table = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(table, mine, group=group)
-    rows = torch.stack(table).cpu()
-    failed = [i for i in range(world) if rows[i, 0] != 0]
+    texts = _gather_texts(group, device, None if error is None else f"{type(error).__name__}: {error}")
+    failed = [i for i in range(world) if texts[i]]
     if error is not None:
         raise error
     if failed:
-        text = bytes(rows[failed[0], 1:].tolist()).rstrip(b"\0").decode("utf-8", "replace")
         raise RuntimeError(f"{fn} (rank {rank} of {world}): rank(s) {failed} failed during the call, so every rank "
-                           f"stops here (the process group stays usable). rank {failed[0]}: {text}")
+                           f"stops here (the process group stays usable). rank {failed[0]}: {texts[failed[0]]}")
 
 
 def _engine_problems(engine_kwargs) -> Optional[str]:
@@ -223,6 +243,8 @@ def _local_problems(q, k, v, attn_mask, is_causal, dropout_p) -> Optional[str]:
             return "attn_mask and is_causal=True together are not allowed (as in torch's SDPA)"
         if attn_mask.dim() > 4 or attn_mask.dim() < 1:
             return f"attn_mask must have 1 to 4 dims, got shape {tuple(attn_mask.shape)}"
+        if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+            return f"attn_mask must be bool or floating point (as in torch's SDPA), got {attn_mask.dtype}"
     if not (0.0 <= float(dropout_p) <= 1.0):
         return f"dropout_p must be in [0, 1], got {dropout_p}"
     return None

@@ -63,6 +63,7 @@ CASES = {
 RECOVERY = {
     ("ring", "unknown_tier"): "ValueError",  # checked before anything is sent
     ("ring", "unknown_option"): "ValueError",
+    ("ring", "rank1_unknown_tier"): "ValueError",  # one rank's option: every rank raises its message
     ("ring", "budget_too_small"): "AttentionMemoryError",  # every rank fails in its first block, mid-ring
     ("ring", "rank1_oom_forward"): {1: "OutOfMemoryError", "others": "RuntimeError"},  # one rank, mid-ring
     ("ring", "rank1_oom_backward"): {1: "OutOfMemoryError", "others": "RuntimeError"},
@@ -283,7 +284,9 @@ def recovery_case(algo, kind, rank, world):
     q, k, v, dout, _ = build(spec, world, seed=5)
     n = spec["n"]
     engine = {"unknown_tier": {"tier": "fastest"}, "unknown_option": {"block_size": 16},
-              "budget_too_small": {"memory_budget": 1}}.get(kind, {})
+              "budget_too_small": {"memory_budget": 1}}.get(kind.replace("rank1_", ""), {})
+    if kind.startswith("rank1_") and rank != 1:
+        engine = {}
     res = {}
     undo = _inject(parallel, algo + "_" + kind if algo == "ulysses" else kind, rank)
     t0 = time.perf_counter()
@@ -504,8 +507,9 @@ def test_an_error_leaves_the_group_usable(groups, world, algo, kind):
         assert after["err"] < 1e-10 and after["seconds"] < RECOVER_TIMEOUT_S / 2, f"{where}: {after}"
     if isinstance(want, str):
         assert len(messages) == 1, f"{algo} {kind}: the ranks raised different messages: {messages}"
-    if kind == "unknown_tier":
-        assert "tier" in messages.pop()
+    if kind.endswith("unknown_tier"):
+        msg = messages.pop()
+        assert "'fastest'" in msg and ("rank(s) [1]" in msg) == kind.startswith("rank1_"), msg
     if kind == "unknown_option":
         assert "block_size" in messages.pop()
 
