@@ -112,6 +112,7 @@ def merge_partial(out_a, lse_a, out_b, lse_b):
 # agreement: one small all_gather before anything else, so bad input raises everywhere instead of hanging
 
 _META = 40
+_FLAGS = ("is_causal", "scale (-1: default)", "enable_gqa", "dropout_p", "attn_mask requires grad")
 _DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.bool]
 
 
@@ -156,7 +157,7 @@ def _agree(fn: str, group, q, k, v, mask, flags: Sequence[float], local_error: O
         def shapes(i):
             r = rows[i].tolist()
             return (f"q {_fmt(r[1:7])}, k {_fmt(r[7:13])}, v {_fmt(r[13:19])}, mask {_fmt(r[19:25])}, "
-                    f"flags {[round(x, 6) for x in r[25:25 + len(flags)]]}")
+                    + ", ".join(f"{name} {round(x, 6)}" for name, x in zip(_FLAGS, r[25:25 + len(flags)])))
         raise ValueError(f"{fn} (rank {rank} of {world}): the ranks disagree on their inputs; every rank must pass "
                          f"the same shapes, dtype and flags (each holding N/P tokens). rank 0: {shapes(0)}; "
                          + "; ".join(f"rank {i}: {shapes(i)}" for i in differ))
@@ -363,8 +364,9 @@ def _agreed(fn, group, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_g
         err = f"return_lse must be True or False, got {return_lse!r}"
     if err is None:
         q, k, v = autocast_inputs(q, k, v)
+    mask_grad = isinstance(attn_mask, torch.Tensor) and attn_mask.requires_grad and torch.is_grad_enabled()
     flags = [float(bool(is_causal)), -1.0 if scale is None else float(scale), float(bool(enable_gqa)),
-             float(dropout_p)]
+             float(dropout_p), float(mask_grad)]  # as _FLAGS names them; Ulysses moves a mask that needs a grad
     if err is None and q.shape[1] != k.shape[1]:
         if not enable_gqa:
             err = (f"q has {q.shape[1]} heads but k/v have {k.shape[1]}: pass enable_gqa=True for grouped-query "

@@ -46,6 +46,8 @@ CASES = {
     "heads_not_divisible": dict(B=1, H=3, Hkv=3, n=6, D=8, expect={"ulysses": "ValueError"}),
     "ranks_disagree": dict(B=1, H=4, Hkv=4, n=6, D=8, bad="rank1_longer", expect="ValueError"),
     "rank0_malformed": dict(B=1, H=4, Hkv=4, n=6, D=8, bad="rank0_3d", expect="ValueError"),
+    "mask_grad_disagree": dict(B=1, H=4, Hkv=4, n=4, D=8, mask="float_key_padding", bad="rank1_mask_grad",
+                               expect="ValueError"),  # Ulysses would move the mask on one rank only: a hang
     "dropout": dict(B=1, H=4, Hkv=4, n=6, D=8, dropout=0.3, expect={"ring": "NotImplementedError"}),
     # issue 17.4: a float mask that requires grad gets torch's gradient (this rank's rows; see mask_leaves)
     "mask_grad_full": dict(B=2, H=4, Hkv=4, n=4, D=8, mask="float_full", mask_grad=True),
@@ -183,6 +185,8 @@ def run_case(name, spec, algo, rank, P):
         args = [torch.cat([t, t[..., :1, :]], dim=-2) for t in mine]
     if spec.get("bad") == "rank0_3d" and rank == 0:
         args[0] = mine[0][0]
+    if spec.get("bad") == "rank1_mask_grad" and rank == 1:
+        my_mask = my_mask.clone().requires_grad_(True)
     if want_lse:
         kw["return_lse"] = True
     t0 = time.perf_counter()
@@ -241,35 +245,32 @@ class _FailInBackward(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        raise torch.OutOfMemoryError("injected: out of memory in the backward on rank 1")
+        raise torch.OutOfMemoryError("injected: out of memory on rank 1 in the backward")
 
 
-def _inject(parallel, kind, rank):
-    """Make rank 1 fail as `kind` says (a real exception from inside the call); returns an undo function."""
+def _inject(parallel, algo, kind, rank):
+    """Make rank 1 run out of memory where `kind` says (a real exception raised inside the call, the others
+    unaware); returns the function that undoes it."""
     if rank != 1 or "rank1_oom" not in kind:
         return lambda: None
     backward = kind.endswith("backward")
-    names = ["scaled_dot_product_attention"] if "ulysses" in kind else [
-        "block_backward" if backward else "block_forward"]
-    saved = {n: getattr(parallel, n) for n in names}
-    calls = [0]
+    name = "scaled_dot_product_attention" if algo == "ulysses" else "block_backward" if backward else "block_forward"
+    real, calls = getattr(parallel, name), [0]
 
     def failing(*a, **kw):
         calls[0] += 1
-        if not backward and calls[0] >= 2:  # the second block: K/V of the first step are already in flight
-            raise torch.OutOfMemoryError("injected: out of memory on rank 1 in a block")
-        res = saved[names[0]](*a, **kw)
-        if backward and names[0] == "block_backward" and calls[0] >= 2:
-            raise torch.OutOfMemoryError("injected: out of memory in the backward on rank 1")
-        if backward and names[0] == "scaled_dot_product_attention":
+        where = "in the backward" if backward else "in the forward"
+        if algo == "ring" and calls[0] >= 2:  # the second block: K/V of the first step are already in flight
+            raise torch.OutOfMemoryError(f"injected: out of memory on rank 1 {where}")
+        if algo == "ulysses" and not backward:  # the engine on this rank's head shard
+            raise torch.OutOfMemoryError(f"injected: out of memory on rank 1 {where}")
+        res = real(*a, **kw)
+        if algo == "ulysses":  # the engine's gradient fails
             return (_FailInBackward.apply(res[0]), res[1]) if isinstance(res, tuple) else _FailInBackward.apply(res)
         return res
 
-    if "ulysses" in kind and not backward:
-        def failing(*a, **kw):  # noqa: F811 - the engine call on this rank's head shard fails
-            raise torch.OutOfMemoryError("injected: out of memory on rank 1 in the engine")
-    setattr(parallel, names[0], failing)
-    return lambda: [setattr(parallel, n, f) for n, f in saved.items()]
+    setattr(parallel, name, failing)
+    return lambda: setattr(parallel, name, real)
 
 
 def recovery_case(algo, kind, rank, world):
@@ -288,7 +289,7 @@ def recovery_case(algo, kind, rank, world):
     if kind.startswith("rank1_") and rank != 1:
         engine = {}
     res = {}
-    undo = _inject(parallel, algo + "_" + kind if algo == "ulysses" else kind, rank)
+    undo = _inject(parallel, algo, kind, rank)
     t0 = time.perf_counter()
     try:
         mine = [slice_rows(t, rank, n).clone().requires_grad_(True) for t in (q, k, v)]
@@ -523,6 +524,8 @@ def test_messages_name_the_problem(groups):
     assert "rank(s) [0]" in runs[1][("rank0_malformed", "ulysses")]["message"]
     assert "4-D" in runs[0][("rank0_malformed", "ulysses")]["message"]
     assert "ulysses_attention" in runs[0][("dropout", "ring")]["message"]
+    assert "attn_mask requires grad 0.0" in runs[0][("mask_grad_disagree", "ulysses")]["message"]
+    assert "attn_mask requires grad 1.0" in runs[1][("mask_grad_disagree", "ring")]["message"]
 
 
 if __name__ == "__main__" and len(sys.argv) == 6 and sys.argv[1] == "--worker":
