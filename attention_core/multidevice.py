@@ -89,7 +89,8 @@ def scaled_dot_product_attention_on_devices(query, key, value, attn_mask=None, d
                                             scale=None, enable_gqa=False, *, devices, log_level=logging.DEBUG,
                                             **engine_kwargs):
     """torch's SDPA semantics (heads on dim -3), computed with the heads split over `devices`; the result is on
-    query's device. engine_kwargs go to attention_core.scaled_dot_product_attention on every device. The split,
+    query's device. engine_kwargs go to attention_core.scaled_dot_product_attention on every device (with
+    return_lse=True the result is (out, lse), lse [..., H, Lq] as that function's). The split,
     the bytes copied to each device and (CUDA) each device's peak memory are logged at `log_level`."""
     if not isinstance(query, torch.Tensor) or query.dim() < 3:
         raise ValueError(f"scaled_dot_product_attention_on_devices: query must be a tensor [..., H, L, E]; got "
@@ -126,7 +127,11 @@ def scaled_dot_product_attention_on_devices(query, key, value, attn_mask=None, d
     for e in errors:
         if e is not None:
             raise e  # a device's error (out of memory: the engine's message) is raised here
-    out = torch.cat([r[0].to(query.device) for r in results], dim=-3)
+    if engine_kwargs.get("return_lse"):  # (out, lse) from each device: lse [..., H, Lq] joins on dim -2
+        out = (torch.cat([r[0][0].to(query.device) for r in results], dim=-3),
+               torch.cat([r[0][1].to(query.device) for r in results], dim=-2))
+    else:
+        out = torch.cat([r[0].to(query.device) for r in results], dim=-3)
     if measure:
         inputs = lambda g: sum(t[..., s, :, :].numel() * t.element_size()  # noqa: E731
                                for t, s in ((query, g.q_heads), (key, g.kv_heads), (value, g.kv_heads)))

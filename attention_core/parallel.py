@@ -17,9 +17,23 @@ broadcastable to [B, H, N/P, N] (a key-padding mask [B, 1, 1, N] costs nothing e
            one more hop home; each block's gradient comes from the recompute backward given the GLOBAL out and lse.
            Memory O(N/P) per rank. dropout_p > 0 raises NotImplementedError (use Ulysses).
 
+Gradients: q, k, v, and a floating attn_mask with requires_grad (torch's dS, summed over the mask's broadcast
+dims). A mask holds this rank's query rows, so its gradient is this rank's rows' part: for a mask without a row
+dim (key padding [B, 1, 1, N]) shared by all ranks, the ranks' gradients sum to torch's gradient of that one mask
+(all_reduce them, as for any replicated parameter). Ulysses gives such a mask its rows internally when it needs a
+gradient ([B, H or 1, N/P, N] per rank for the duration of the call).
+return_lse=True returns (out, lse) as the engine's scaled_dot_product_attention does: lse [B, H, N/P] this rank's
+rows, the log-sum-exp of the scaled, masked scores over all N keys, float32 (float64 for float64), differentiable.
+
 Every call first all-gathers a small description of each rank's inputs, so ranks that disagree (shapes, dtype,
-flags) or a rank whose inputs are malformed raise a ValueError on every rank instead of hanging; every collective
-after that runs under the process group's timeout (init_process_group(timeout=...)).
+flags) or a rank whose inputs or engine options (tier, memory_budget, an unknown keyword, ...) are malformed raise
+a ValueError on every rank, with the same message (naming the rank(s) and the problem), before anything else is
+sent. An error after that (out of
+memory, no tile fitting memory_budget, on one rank or all, forward or backward) does not stop the communication
+half way: the failing rank keeps passing its blocks until every posted send and receive has completed, then one
+more small all_gather tells every rank; the failing rank re-raises its own exception, the others a RuntimeError
+naming it. The process group stays usable for the next call. Every collective runs under the process group's
+timeout (init_process_group(timeout=...)), so a rank that never calls makes the others raise instead of hanging.
 """
 from __future__ import annotations
 
@@ -31,7 +45,8 @@ import torch
 import torch.distributed as dist
 
 from .autocast import autocast_inputs
-from .ops import attention_backward, attention_forward
+from .ops import TILE_OPTIONS, attention_backward, attention_forward, backward_canonical, check_options
+from .problem import normalize
 from .sdpa import scaled_dot_product_attention
 
 __all__ = ["ulysses_attention", "ring_attention", "zigzag_chunks", "flash_layout_attention"]
@@ -55,12 +70,28 @@ def block_forward(q, k, v, mask, causal, scale, engine_kwargs):
                              enable_gqa=q.shape[1] != k.shape[1], **engine_kwargs)
 
 
-def block_backward(dout, q, k, v, out, lse, mask, causal, scale, engine_kwargs):
-    """(dq, dk, dv) in the accumulation dtype: this block's exact contribution given the global out and lse."""
+def block_backward(dout, q, k, v, out, lse, mask, causal, scale, engine_kwargs, dlse=None, need_dmask=False):
+    """(dq, dk, dv, dmask or None) in the accumulation dtype (dmask: the mask's own shape and dtype): this block's
+    exact contribution given the global out and lse (and dlse, the gradient of the global lse, or None)."""
     acc = _acc_dtype(q.dtype)
-    dq, dk, dv = attention_backward(dout, q, k, v, out, lse, attn_mask=mask, is_causal=causal, scale=scale,
-                                    enable_gqa=q.shape[1] != k.shape[1], **engine_kwargs)
-    return dq.to(acc), dk.to(acc), dv.to(acc)
+    gqa = q.shape[1] != k.shape[1]
+    if not need_dmask:
+        dq, dk, dv = attention_backward(dout, q, k, v, out, lse, attn_mask=mask, is_causal=causal, scale=scale,
+                                        enable_gqa=gqa, dlse=dlse, **engine_kwargs)
+        return dq.to(acc), dk.to(acc), dv.to(acc), None
+    # as ops.attention_backward, plus the mask's gradient dS (summed over the mask's broadcast dims)
+    kw = dict(engine_kwargs, memory_budget=check_options(**engine_kwargs))
+    leaves = [t.detach().requires_grad_(True) for t in (q, k, v, mask)]
+    with torch.enable_grad():  # the views to the canonical layout, so autograd sums what was broadcast
+        p = normalize(*leaves[:3], leaves[3], 0.0, causal, scale, gqa)
+    B, Hkv, G, Lq, Ev = p.B, p.Hkv, p.G, p.Lq, p.Ev
+    dq5, dk4, dv4, dm5 = backward_canonical(
+        dout.reshape(B, Hkv, G, Lq, Ev), None if dlse is None else dlse.reshape(B, Hkv, G, Lq),
+        p.q5.detach(), p.k4.detach(), p.v4.detach(), p.mask5.detach(), out.reshape(B, Hkv, G, Lq, Ev),
+        lse.reshape(B, Hkv, G, Lq), None, 0, p.causal, p.causal_offset, p.scale, 0.0, True, **kw)
+    dq, dk, dv, dm = torch.autograd.grad((p.q5, p.k4, p.v4, p.mask5), leaves, (dq5, dk4, dv4, dm5),
+                                         allow_unused=True)
+    return dq.to(acc), dk.to(acc), dv.to(acc), dm
 
 
 def merge_partial(out_a, lse_a, out_b, lse_b):
@@ -81,6 +112,7 @@ def merge_partial(out_a, lse_a, out_b, lse_b):
 # agreement: one small all_gather before anything else, so bad input raises everywhere instead of hanging
 
 _META = 40
+_FLAGS = ("is_causal", "scale (-1: default)", "enable_gqa", "dropout_p", "attn_mask requires grad")
 _DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.bool]
 
 
@@ -112,18 +144,20 @@ def _agree(fn: str, group, q, k, v, mask, flags: Sequence[float], local_error: O
                            f"within its timeout (each rank must call {fn} the same number of times, in the same "
                            f"order): {e}") from e
     rows = torch.stack(table).cpu()
-    if local_error is not None:
-        raise ValueError(f"{fn} (rank {rank} of {world}): {local_error}")
     bad = [i for i in range(world) if rows[i, 0] != 0]
-    if bad:
-        raise ValueError(f"{fn} (rank {rank} of {world}): rank(s) {bad} rejected their inputs (see the error on "
-                         f"those ranks); every rank stops here.")
+    if bad:  # every rank saw the same flags, so every rank takes part in this second, small exchange
+        texts = _gather_texts(group, device, local_error)
+        same = all(texts[i] == texts[bad[0]] for i in bad)
+        detail = (f"rank {bad[0]}: {texts[bad[0]]}" if len(bad) == 1 else f"every one of them: {texts[bad[0]]}"
+                  if same else "; ".join(f"rank {i}: {texts[i]}" for i in bad))
+        raise ValueError(f"{fn} (rank {rank} of {world}): rank(s) {bad} rejected the call, so every rank stops here "
+                         f"before anything is sent; {detail}")
     differ = [i for i in range(world) if not torch.equal(rows[i], rows[0])]
     if differ:
         def shapes(i):
             r = rows[i].tolist()
             return (f"q {_fmt(r[1:7])}, k {_fmt(r[7:13])}, v {_fmt(r[13:19])}, mask {_fmt(r[19:25])}, "
-                    f"flags {[round(x, 6) for x in r[25:25 + len(flags)]]}")
+                    + ", ".join(f"{name} {round(x, 6)}" for name, x in zip(_FLAGS, r[25:25 + len(flags)])))
         raise ValueError(f"{fn} (rank {rank} of {world}): the ranks disagree on their inputs; every rank must pass "
                          f"the same shapes, dtype and flags (each holding N/P tokens). rank 0: {shapes(0)}; "
                          + "; ".join(f"rank {i}: {shapes(i)}" for i in differ))
@@ -139,6 +173,53 @@ def _fmt(d):
     shape = [int(x) for x in d[1:5]][4 - min(nd, 4):]
     dt = _DTYPES[int(d[5])] if int(d[5]) < len(_DTYPES) else "other"
     return f"{tuple(shape)} {str(dt).replace('torch.', '')}"
+
+
+_MSG = 480  # bytes of an error message shared with the other ranks
+
+
+def _comm_device(group, t):
+    return t.device if dist.get_backend(group) != "gloo" else torch.device("cpu")
+
+
+def _gather_texts(group, device, text: Optional[str]) -> List[str]:
+    """Every rank's text (empty for None), through one all_gather of _MSG bytes per rank."""
+    world = dist.get_world_size(group)
+    mine = torch.zeros(_MSG, dtype=torch.uint8)
+    if text:
+        raw = text.encode("utf-8", "replace")[:_MSG]
+        mine[:len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    mine = mine.to(device)
+    table = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(table, mine, group=group)
+    return [bytes(t.cpu().tolist()).rstrip(b"\0").decode("utf-8", "replace") for t in table]
+
+
+def _settle(fn, group, device, error: Optional[BaseException]):
+    """After the communication of a call has completed on this rank: tell every rank whether this rank failed
+    (one small all_gather), so that either every rank returns or every rank raises. The failing rank re-raises its
+    own exception; the others raise a RuntimeError naming it and its message. The group stays usable."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    texts = _gather_texts(group, device, None if error is None else f"{type(error).__name__}: {error}")
+    failed = [i for i in range(world) if texts[i]]
+    if error is not None:
+        raise error
+    if failed:
+        raise RuntimeError(f"{fn} (rank {rank} of {world}): rank(s) {failed} failed during the call, so every rank "
+                           f"stops here (the process group stays usable). rank {failed[0]}: {texts[failed[0]]}")
+
+
+def _engine_problems(engine_kwargs) -> Optional[str]:
+    """What is wrong with the engine options (tier, block sizes, memory_budget, ...), checked before any transfer."""
+    unknown = sorted(set(engine_kwargs) - set(TILE_OPTIONS))
+    if unknown:
+        return (f"unknown option(s) {unknown}; the engine options are {list(TILE_OPTIONS)} (plus return_lse); "
+                f"torch's SDPA arguments are attn_mask, dropout_p, is_causal, scale, enable_gqa")
+    try:
+        check_options(**engine_kwargs)
+    except (TypeError, ValueError) as e:
+        return str(e)
+    return None
 
 
 def _local_problems(q, k, v, attn_mask, is_causal, dropout_p) -> Optional[str]:
@@ -163,6 +244,8 @@ def _local_problems(q, k, v, attn_mask, is_causal, dropout_p) -> Optional[str]:
             return "attn_mask and is_causal=True together are not allowed (as in torch's SDPA)"
         if attn_mask.dim() > 4 or attn_mask.dim() < 1:
             return f"attn_mask must have 1 to 4 dims, got shape {tuple(attn_mask.shape)}"
+        if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+            return f"attn_mask must be bool or floating point (as in torch's SDPA), got {attn_mask.dtype}"
     if not (0.0 <= float(dropout_p) <= 1.0):
         return f"dropout_p must be in [0, 1], got {dropout_p}"
     return None
@@ -179,7 +262,7 @@ def _mask4(mask, B, H, n, N, fn):
             raise ValueError(f"{fn}: attn_mask of shape {tuple(mask.shape)} does not broadcast to [B, H, N/P, N] = "
                              f"[{B}, {H}, {n}, {N}] (its {what} dim is {size}); each rank passes its own query rows "
                              f"and every key column.")
-    return m.detach()
+    return m
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -273,13 +356,17 @@ class _MoveChunks(torch.autograd.Function):
 # Ulysses
 
 
-def _agreed(fn, group, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-    """(rank, P, q, k, v) once every rank has agreed on the inputs (under autocast: cast as torch's SDPA does)."""
-    err = _local_problems(q, k, v, attn_mask, is_causal, dropout_p)
+def _agreed(fn, group, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, engine_kwargs, return_lse):
+    """(rank, P, q, k, v) once every rank has agreed on the inputs and engine options (under autocast: cast as
+    torch's SDPA does). Nothing is sent before this, so an error here leaves the group as it was."""
+    err = _local_problems(q, k, v, attn_mask, is_causal, dropout_p) or _engine_problems(engine_kwargs)
+    if err is None and not isinstance(return_lse, bool):
+        err = f"return_lse must be True or False, got {return_lse!r}"
     if err is None:
         q, k, v = autocast_inputs(q, k, v)
+    mask_grad = isinstance(attn_mask, torch.Tensor) and attn_mask.requires_grad and torch.is_grad_enabled()
     flags = [float(bool(is_causal)), -1.0 if scale is None else float(scale), float(bool(enable_gqa)),
-             float(dropout_p)]
+             float(dropout_p), float(mask_grad)]  # as _FLAGS names them; Ulysses moves a mask that needs a grad
     if err is None and q.shape[1] != k.shape[1]:
         if not enable_gqa:
             err = (f"q has {q.shape[1]} heads but k/v have {k.shape[1]}: pass enable_gqa=True for grouped-query "
@@ -289,12 +376,81 @@ def _agreed(fn, group, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_g
     return (*_agree(fn, group, q, k, v, attn_mask, flags, err), q, k, v)
 
 
+class _GatherRows(torch.autograd.Function):
+    """[Bm, 1, n, N] rows of each rank -> [Bm, 1, P*n, N] every rank's rows (all_gather); backward: each rank gets
+    the sum over ranks of the gradient of its own rows (an all-to-all, then a sum)."""
+
+    @staticmethod
+    def forward(ctx, m, group, P):
+        ctx.group, ctx.P = group, P
+        store = torch.uint8 if m.dtype == torch.bool else m.dtype
+        parts = [torch.empty(m.shape, dtype=store, device=m.device) for _ in range(P)]
+        dist.all_gather(parts, m.to(store).contiguous(), group=group)
+        return torch.cat(parts, dim=2).to(m.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        P = ctx.P
+        Bm, Hm, R, N = g.shape
+        send = g.reshape(Bm, Hm, P, R // P, N).permute(2, 0, 1, 3, 4)  # [P, Bm, Hm, n, N]: rank j's rows to j
+        return _a2a(send, ctx.group).sum(0), None, None
+
+
+class _LocalAttention(torch.autograd.Function):
+    """The engine on this rank's head shard, with gradients, such that an error in its backward on one rank
+    reaches every rank (through _settle) before the all-to-all of the gradients, instead of leaving them waiting.
+    Returns (out, lse); the engine's graph is built inside forward and differentiated in backward."""
+
+    @staticmethod
+    def forward(ctx, qh, kh, vh, mh, call):
+        ctx.set_materialize_grads(False)
+        ctx.call = call
+        inputs = [None if t is None else t.detach().requires_grad_(t.requires_grad) for t in (qh, kh, vh, mh)]
+        with torch.enable_grad():
+            out, lse = call.engine(*inputs, return_lse=True)
+        ctx.inner = (inputs, out, lse)
+        return out.detach(), lse.detach()
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        inputs, out, lse = ctx.inner
+        call = ctx.call
+        wanted = [t for t in inputs if t is not None and t.requires_grad]
+        outs = [(o, g) for o, g in ((out, dout), (lse, dlse)) if g is not None]
+        grads, error = [None] * len(wanted), None
+        try:
+            if outs and wanted:
+                grads = list(torch.autograd.grad([o for o, _ in outs], wanted, [g for _, g in outs],
+                                                 allow_unused=True))
+        except Exception as e:  # noqa: BLE001 - every rank learns of it below, then it is re-raised here
+            error = e
+        _settle(call.fn, call.group, call.device, error)
+        it = iter(grads)
+        return tuple(next(it) if t is not None and t.requires_grad else None for t in inputs) + (None,)
+
+
+@dataclass
+class _UlyssesCall:
+    fn: str
+    group: object
+    device: torch.device
+    args: tuple  # dropout_p, is_causal, scale
+    engine_kwargs: dict
+
+    def engine(self, q, k, v, mask, return_lse):
+        dropout_p, is_causal, scale = self.args
+        return scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale, k.shape[1] != q.shape[1],
+                                            return_lse=return_lse, **self.engine_kwargs)
+
+
 def ulysses_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, *,
-                      group=None, **engine_kwargs):
+                      group=None, return_lse=False, **engine_kwargs):
     """This rank's slice of full attention over a sequence sharded across `group` (see the module docstring):
-    all-to-all to head shards, the engine's scaled_dot_product_attention on full sequences, all-to-all back."""
+    all-to-all to head shards, the engine's scaled_dot_product_attention on full sequences, all-to-all back.
+    return_lse=True: (out, lse), lse [B, H, N/P] this rank's rows (as the engine's return_lse)."""
     fn = "ulysses_attention"
-    rank, P, q, k, v = _agreed(fn, group, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    rank, P, q, k, v = _agreed(fn, group, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                               engine_kwargs, return_lse)
     B, H, n, _ = q.shape
     Hkv = k.shape[1]
     if H % P:
@@ -302,7 +458,8 @@ def ulysses_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, s
                          f"divisible by the number of ranks (use ring_attention, or a group of a size dividing {H})")
     mask = _mask4(attn_mask, B, H, n, n * P, fn)
     if P == 1:
-        return scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa, **engine_kwargs)
+        return scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa,
+                                            return_lse=return_lse, **engine_kwargs)
     g = H // Hkv
     if Hkv % P:  # fewest kv-head copies so that kv heads split with their query heads
         rep = P // math.gcd(Hkv, P)
@@ -311,18 +468,31 @@ def ulysses_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, s
     qh, kh, vh = (_SeqToHeads.apply(t, group, P) for t in (q, k, v))
     mh = None
     if mask is not None:
-        if mask.shape[1] > 1 and mask.shape[2] > 1:
-            mh = _seq_to_heads(mask, group, P)
+        grad = mask.requires_grad and torch.is_grad_enabled()
+        if grad and mask.shape[2] == 1:  # its gradient is per query row of this rank: give it rows (see the doc)
+            mask = mask.expand(mask.shape[0], mask.shape[1], n, mask.shape[3])
+        if mask.shape[1] > 1 and (mask.shape[2] > 1 or grad):
+            mh = _SeqToHeads.apply(mask, group, P)
         else:
-            if mask.shape[2] > 1:  # rows without heads: every rank needs all rows
-                parts = [torch.empty_like(mask, dtype=torch.uint8 if mask.dtype == torch.bool else mask.dtype)
-                         for _ in range(P)]
-                dist.all_gather(parts, mask.to(parts[0].dtype), group=group)
-                mask = torch.cat(parts, dim=2).to(mask.dtype)
+            if mask.shape[2] > 1 or grad:  # rows without heads: every rank needs all rows
+                mask = _GatherRows.apply(mask, group, P)
             mh = mask[:, rank * H // P:(rank + 1) * H // P] if mask.shape[1] > 1 else mask
-    oh = scaled_dot_product_attention(qh, kh, vh, mh, dropout_p, is_causal, scale, kh.shape[1] != qh.shape[1],
-                                      **engine_kwargs)
-    return _HeadsToSeq.apply(oh, group, P)
+    call = _UlyssesCall(fn, group, _comm_device(group, q), (dropout_p, is_causal, scale), engine_kwargs)
+    oh = lh = error = None
+    try:
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (qh, kh, vh, mh)):
+            oh, lh = _LocalAttention.apply(qh, kh, vh, mh, call)
+        elif return_lse:
+            oh, lh = call.engine(qh, kh, vh, mh, return_lse=True)
+        else:
+            oh = call.engine(qh, kh, vh, mh, return_lse=False)
+    except Exception as e:  # noqa: BLE001 - every rank learns of it, so none waits in the all-to-all below
+        error = e
+    _settle(fn, group, call.device, error)
+    out = _HeadsToSeq.apply(oh, group, P)
+    if not return_lse:
+        return out
+    return out, _HeadsToSeq.apply(lh.unsqueeze(-1), group, P).squeeze(-1)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -340,6 +510,8 @@ class _Ring:
     scale: float
     mask: Optional[torch.Tensor]  # [Bm, Hm, Rm, N] rows local, columns global
     engine_kwargs: dict
+    fn: str = "ring_attention"
+    device: torch.device = torch.device("cpu")  # where the agreement's small tensors live (CPU for gloo)
 
     def peer(self, r):
         r %= self.world
@@ -347,6 +519,15 @@ class _Ring:
 
     def chunks_of(self, r):
         return [r] if len(self.seg) == 1 else zigzag_chunks(r % self.world, self.world)
+
+    def mask_block(self, m, rows: slice, kc: int):
+        """The part of a mask-shaped tensor m for query rows `rows` (local) and key chunk kc (a view)."""
+        c = self.chunk
+        if m.shape[2] > 1:
+            m = m[:, :, rows]
+        if m.shape[3] > 1:
+            m = m[..., kc * c:(kc + 1) * c]
+        return m
 
     def pairs(self, owner):
         """(q slice, k slice, causal diagonal?, mask) for each chunk pair of my queries x owner's keys that is
@@ -356,13 +537,7 @@ class _Ring:
             for j, kc in enumerate(self.chunks_of(owner)):
                 if self.causal and kc > qc:
                     continue
-                m = None
-                if self.mask is not None:
-                    m = self.mask
-                    if m.shape[2] > 1:
-                        m = m[:, :, i * c:(i + 1) * c]
-                    if m.shape[3] > 1:
-                        m = m[..., kc * c:(kc + 1) * c]
+                m = None if self.mask is None else self.mask_block(self.mask, slice(i * c, (i + 1) * c), kc)
                 yield slice(i * c, (i + 1) * c), slice(j * c, (j + 1) * c), self.causal and kc == qc, m
 
 
@@ -382,58 +557,86 @@ def _wait(works):
 
 
 class _RingAttention(torch.autograd.Function):
+    """(out, lse) of the ring; inputs q, k, v and the 4-D mask (for its gradient; the ring reads ring.mask).
+
+    Communication never stops half way: if this rank's compute fails (out of memory, no tile fitting the budget),
+    it keeps passing K/V (and in backward the dK/dV accumulators) round the ring until every posted send and
+    receive has completed, then _settle makes every rank raise. So an error leaves the group usable."""
+
     @staticmethod
-    def forward(ctx, q, k, v, ring: _Ring):
+    def forward(ctx, q, k, v, mask, ring: _Ring):
+        ctx.set_materialize_grads(False)
         acc = _acc_dtype(q.dtype)
         B, H, n, _ = q.shape
         out = torch.zeros(B, H, n, v.shape[-1], dtype=acc, device=q.device)
         lse = torch.full((B, H, n), float("-inf"), dtype=acc, device=q.device)
         kv = [k.contiguous(), v.contiguous()]
+        error = None
         for step in range(ring.world):
             owner = (ring.rank - step) % ring.world
             nxt, works = _exchange(ring, kv) if step + 1 < ring.world else (None, [])
-            for qs, ks, diag, m in ring.pairs(owner):
-                o_b, l_b = block_forward(q[:, :, qs], kv[0][:, :, ks], kv[1][:, :, ks], m, diag, ring.scale,
-                                         ring.engine_kwargs)
-                merge_partial(out[:, :, qs], lse[:, :, qs], o_b, l_b)
+            if error is None:
+                try:
+                    for qs, ks, diag, m in ring.pairs(owner):
+                        o_b, l_b = block_forward(q[:, :, qs], kv[0][:, :, ks], kv[1][:, :, ks], m, diag, ring.scale,
+                                                 ring.engine_kwargs)
+                        merge_partial(out[:, :, qs], lse[:, :, qs], o_b, l_b)
+                except Exception as e:  # noqa: BLE001 - drained and settled below
+                    error = e
             _wait(works)
             kv = nxt
+        _settle(ring.fn, ring.group, ring.device, error)
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.ring = ring
-        return out
+        return out, lse
 
     @staticmethod
-    def backward(ctx, dout):
+    def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
         ring = ctx.ring
         acc = _acc_dtype(q.dtype)
-        dout = dout.contiguous()
+        dout = torch.zeros_like(out) if dout is None else dout.contiguous()
+        need_dmask = ring.mask is not None and ctx.needs_input_grad[3]
         dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+        dmask = torch.zeros(ring.mask.shape, dtype=acc, device=q.device) if need_dmask else None
         kv = [k.contiguous(), v.contiguous()]
         dkv = [torch.zeros(k.shape, dtype=acc, device=q.device), torch.zeros(v.shape, dtype=acc, device=q.device)]
+        error = None
         for step in range(ring.world):
             owner = (ring.rank - step) % ring.world
             nxt, works = _exchange(ring, kv) if step + 1 < ring.world else (None, [])
-            for qs, ks, diag, m in ring.pairs(owner):
-                gq, gk, gv = block_backward(dout[:, :, qs], q[:, :, qs], kv[0][:, :, ks], kv[1][:, :, ks],
-                                            out[:, :, qs], lse[:, :, qs], m, diag, ring.scale, ring.engine_kwargs)
-                dq[:, :, qs] += gq
-                dkv[0][:, :, ks] += gk
-                dkv[1][:, :, ks] += gv
+            if error is None:
+                try:
+                    for qs, ks, diag, m in ring.pairs(owner):
+                        gq, gk, gv, gm = block_backward(
+                            dout[:, :, qs], q[:, :, qs], kv[0][:, :, ks], kv[1][:, :, ks], out[:, :, qs],
+                            lse[:, :, qs], m, diag, ring.scale, ring.engine_kwargs,
+                            None if dlse is None else dlse[:, :, qs], need_dmask)
+                        dq[:, :, qs] += gq
+                        dkv[0][:, :, ks] += gk
+                        dkv[1][:, :, ks] += gv
+                        if need_dmask:  # a mask comes only without zigzag: one chunk a rank, its key chunk = owner
+                            ring.mask_block(dmask, qs, owner)[...] += gm
+                except Exception as e:  # noqa: BLE001 - drained and settled below
+                    error = e
             # the accumulators follow their block: after the last step one more hop brings them home
             dkv, dworks = _exchange(ring, dkv)
             _wait(works + dworks)
             kv = nxt
-        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None
+        _settle(ring.fn, ring.group, ring.device, error)
+        dm = dmask.to(ring.mask.dtype) if need_dmask else None
+        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), dm, None
 
 
 def ring_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, *,
-                   group=None, **engine_kwargs):
+                   group=None, return_lse=False, **engine_kwargs):
     """This rank's slice of full attention over a sequence sharded across `group` (see the module docstring):
-    K/V blocks around the ring, partial results merged with their log-sum-exp; causal runs load-balanced."""
+    K/V blocks around the ring, partial results merged with their log-sum-exp; causal runs load-balanced.
+    return_lse=True: (out, lse), lse [B, H, N/P] this rank's rows (as the engine's return_lse)."""
     fn = "ring_attention"
-    rank, P, q, k, v = _agreed(fn, group, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    rank, P, q, k, v = _agreed(fn, group, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                               engine_kwargs, return_lse)
     if dropout_p > 0:
         raise NotImplementedError(f"{fn}: dropout_p={dropout_p} is not supported by the ring (its blocks would "
                                   f"need one dropout pattern across ranks); use ulysses_attention for dropout.")
@@ -441,19 +644,24 @@ def ring_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scal
     mask = _mask4(attn_mask, B, H, n, n * P, fn)
     scale = 1.0 / math.sqrt(E) if scale is None else float(scale)
     if P == 1:
-        return scaled_dot_product_attention(q, k, v, mask, 0.0, is_causal, scale, enable_gqa, **engine_kwargs)
+        return scaled_dot_product_attention(q, k, v, mask, 0.0, is_causal, scale, enable_gqa, return_lse=return_lse,
+                                            **engine_kwargs)
+    device = _comm_device(group, q)
     zigzag = is_causal and n % 2 == 0
     if zigzag:
         before = [[2 * r, 2 * r + 1] for r in range(P)]
         after = [zigzag_chunks(r, P) for r in range(P)]
         q, k, v = (_MoveChunks.apply(t, before, after, rank, group) for t in (q, k, v))
-        ring = _Ring(group, rank, P, after[rank], n // 2, True, scale, None, engine_kwargs)
+        ring = _Ring(group, rank, P, after[rank], n // 2, True, scale, None, engine_kwargs, fn, device)
     else:
-        ring = _Ring(group, rank, P, [rank], n, bool(is_causal), scale, mask, engine_kwargs)
-    out = _RingAttention.apply(q, k, v, ring)
+        ring = _Ring(group, rank, P, [rank], n, bool(is_causal), scale, None if mask is None else mask.detach(),
+                     engine_kwargs, fn, device)
+    out, lse = _RingAttention.apply(q, k, v, mask, ring)
     if zigzag:
         out = _MoveChunks.apply(out, after, before, rank, group)
-    return out
+        if return_lse:
+            lse = _MoveChunks.apply(lse.unsqueeze(-1), after, before, rank, group).squeeze(-1)
+    return (out, lse) if return_lse else out
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -107,3 +107,31 @@ def test_autocast_decides_the_dtype_as_on_one_device():
         split = on_devices(q, k, v, devices=CPU3)
     assert one.dtype == split.dtype == torch.bfloat16
     assert torch.equal(one, split)
+
+
+@pytest.mark.parametrize("case", ["gqa_mask", "causal"])
+def test_return_lse_through_the_split(case):
+    """return_lse=True gives (out, lse) as in one process: lse exact against torch's logsumexp of the float64
+    scores (scaled, masked), and differentiable (issue 17.6: the split crashed on the tuple)."""
+    import math
+    import torch.nn.functional as F
+    torch.manual_seed(6)
+    H, Hkv, L, S = 6, 3, 11, 13
+    q = torch.randn(2, H, L, 8, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, Hkv, S, 8, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, Hkv, S, 5, dtype=torch.float64, requires_grad=True)
+    mask = torch.randn(2, H, L, S, dtype=torch.float64) if case == "gqa_mask" else None
+    causal = case == "causal"
+    dout, dlse = torch.randn(2, H, L, 5, dtype=torch.float64), torch.randn(2, H, L, dtype=torch.float64)
+    out, lse = on_devices(q, k, v, mask, is_causal=causal, enable_gqa=True, scale=0.3, devices=CPU3,
+                          return_lse=True)
+    assert lse.shape == (2, H, L) and lse.dtype == torch.float64
+    grads = torch.autograd.grad([out, lse], [q, k, v], [dout, dlse])
+    s = q @ k.repeat_interleave(H // Hkv, 1).transpose(-1, -2) * 0.3
+    s = s + mask if mask is not None else s.masked_fill(torch.ones(L, S, dtype=torch.bool).triu(1), -math.inf)
+    ref_lse = torch.logsumexp(s, dim=-1)
+    ref = F.scaled_dot_product_attention(q, k, v, mask, is_causal=causal, scale=0.3, enable_gqa=True)
+    ref_grads = torch.autograd.grad([ref, ref_lse], [q, k, v], [dout, dlse])
+    assert (out - ref).abs().max() < 1e-12 and (lse - ref_lse).abs().max() < 1e-12
+    for g, r in zip(grads, ref_grads):
+        assert (g - r).abs().max() < 1e-12

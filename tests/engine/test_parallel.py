@@ -12,6 +12,7 @@ import datetime
 import math
 import os
 import pickle
+import re
 import subprocess
 import sys
 import time
@@ -25,6 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 WORLDS = (2, 4)
 GROUP_TIMEOUT_S = 60
 ABSENT_TIMEOUT_S = 4
+RECOVER_TIMEOUT_S = 8  # the process group of each error-recovery case: a broken group shows as this timeout
 ALGOS = ("ulysses", "ring")
 
 # name -> spec. n: tokens per rank; H/Hkv heads; mask: kind; expect: "ok" or the exception every rank must raise
@@ -44,7 +46,33 @@ CASES = {
     "heads_not_divisible": dict(B=1, H=3, Hkv=3, n=6, D=8, expect={"ulysses": "ValueError"}),
     "ranks_disagree": dict(B=1, H=4, Hkv=4, n=6, D=8, bad="rank1_longer", expect="ValueError"),
     "rank0_malformed": dict(B=1, H=4, Hkv=4, n=6, D=8, bad="rank0_3d", expect="ValueError"),
+    "mask_grad_disagree": dict(B=1, H=4, Hkv=4, n=4, D=8, mask="float_key_padding", bad="rank1_mask_grad",
+                               expect="ValueError"),  # Ulysses would move the mask on one rank only: a hang
     "dropout": dict(B=1, H=4, Hkv=4, n=6, D=8, dropout=0.3, expect={"ring": "NotImplementedError"}),
+    # issue 17.4: a float mask that requires grad gets torch's gradient (this rank's rows; see mask_leaves)
+    "mask_grad_full": dict(B=2, H=4, Hkv=4, n=4, D=8, mask="float_full", mask_grad=True),
+    "mask_grad_key_padding": dict(B=2, H=4, Hkv=2, n=4, D=8, gqa=True, mask="float_key_padding", mask_grad=True),
+    "mask_grad_rows": dict(B=1, H=4, Hkv=4, n=4, D=8, mask="float_rows", mask_grad=True),
+    "mask_grad_heads": dict(B=1, H=4, Hkv=4, n=4, D=8, mask="float_heads", mask_grad=True, lse=True),
+    # issue 17.6: return_lse=True, lse exact and differentiable
+    "lse_causal": dict(B=1, H=4, Hkv=2, n=6, D=8, causal=True, gqa=True, lse=True),
+    "lse_causal_odd": dict(B=1, H=4, Hkv=4, n=5, D=8, causal=True, lse=True),
+    "lse_bool_mask": dict(B=2, H=4, Hkv=4, n=4, D=8, mask="key_padding", scale=0.4, lse=True),
+}
+
+
+# issue 17.7: (algo, kind) -> what every rank raises; after it, a valid call on the same group must be right
+RECOVERY = {
+    ("ring", "unknown_tier"): "ValueError",  # checked before anything is sent
+    ("ring", "unknown_option"): "ValueError",
+    ("ring", "rank1_unknown_tier"): "ValueError",  # one rank's option: every rank raises its message
+    ("ring", "budget_too_small"): "AttentionMemoryError",  # every rank fails in its first block, mid-ring
+    ("ring", "rank1_oom_forward"): {1: "OutOfMemoryError", "others": "RuntimeError"},  # one rank, mid-ring
+    ("ring", "rank1_oom_backward"): {1: "OutOfMemoryError", "others": "RuntimeError"},
+    ("ring", "causal_rank1_oom_forward"): {1: "OutOfMemoryError", "others": "RuntimeError"},  # zigzag
+    ("ulysses", "unknown_tier"): "ValueError",
+    ("ulysses", "rank1_oom_forward"): {1: "OutOfMemoryError", "others": "RuntimeError"},
+    ("ulysses", "rank1_oom_backward"): {1: "OutOfMemoryError", "others": "RuntimeError"},
 }
 
 
@@ -72,6 +100,12 @@ def build(spec, P, seed):
         mask[1, ..., : 3] = False
     elif kind == "float_full":
         mask = torch.randn(B, H, N, N, generator=g, dtype=torch.float64)
+    elif kind == "float_key_padding":
+        mask = torch.randn(B, 1, 1, N, generator=g, dtype=torch.float64)
+    elif kind == "float_rows":
+        mask = torch.randn(N, N, generator=g, dtype=torch.float64)
+    elif kind == "float_heads":
+        mask = torch.randn(1, H, 1, N, generator=g, dtype=torch.float64)
     elif kind == "bool_rows":
         mask = torch.rand(N, N, generator=g) > 0.4
         mask[:, 0] = True  # no fully masked row
@@ -80,6 +114,31 @@ def build(spec, P, seed):
 
 def slice_rows(t, r, n):
     return t[..., r * n:(r + 1) * n, :]
+
+
+def local_mask(mask, r, n):
+    """Rank r's mask: its query rows, or the whole mask when it has no row dim."""
+    return None if mask is None else (mask if mask.shape[-2] == 1 else mask[..., r * n:(r + 1) * n, :])
+
+
+def mask_leaves(mask, P, n):
+    """One leaf per rank (its local mask) and the full mask made of them: rank r's copy applies to rank r's query
+    rows, so torch's gradient of leaf r is what rank r must get (the ranks' gradients of a shared key-padding mask
+    sum to torch's gradient of that one mask)."""
+    leaves = [local_mask(mask, r, n).clone().requires_grad_(True) for r in range(P)]
+    four = [m.reshape((1,) * (4 - m.dim()) + tuple(m.shape)) for m in leaves]
+    return leaves, torch.cat([m.expand(*m.shape[:2], n, m.shape[3]) for m in four], dim=-2)
+
+
+def reference_lse(q, k, mask, causal, scale):
+    """torch.logsumexp of the float64 scores, scaled and masked (differentiable)."""
+    H, Hkv = q.shape[1], k.shape[1]
+    s = q @ k.repeat_interleave(H // Hkv, dim=1).transpose(-1, -2) * (scale or 1.0 / math.sqrt(q.shape[-1]))
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+    return torch.logsumexp(s, dim=-1)
 
 
 def run_case(name, spec, algo, rank, P):
@@ -93,11 +152,23 @@ def run_case(name, spec, algo, rank, P):
     n = spec["n"]
     kw = dict(is_causal=spec.get("causal", False), scale=spec.get("scale"), enable_gqa=spec.get("gqa", False),
               dropout_p=spec.get("dropout", 0.0))
+    mask_grad, want_lse = spec.get("mask_grad", False), spec.get("lse", False)
+    dlse = torch.randn(q.shape[:3], generator=torch.Generator().manual_seed(7), dtype=torch.float64)
     with sdpa_kernel([SDPBackend.MATH]):
         leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-        ref = F.scaled_dot_product_attention(*leaves, attn_mask=mask, **{**kw, "dropout_p": 0.0})
-        ref.backward(dout)
+        ref_mask = mask
+        if mask_grad:
+            m_leaves, ref_mask = mask_leaves(mask, P, n)
+        ref = F.scaled_dot_product_attention(*leaves, attn_mask=ref_mask, **{**kw, "dropout_p": 0.0})
+        outs, grads = [ref], [dout]
+        if want_lse:
+            ref_lse = reference_lse(*leaves[:2], ref_mask, kw["is_causal"], kw["scale"])
+            outs.append(ref_lse)
+            grads.append(dlse)
+        torch.autograd.backward(outs, grads)
         ref_grads = [t.grad for t in leaves]
+        if mask_grad:
+            ref_grads.append(m_leaves[rank].grad)
         torch_err = None
         if dtype != torch.float64:  # torch's own error at this dtype is the yardstick
             lo = [t.to(dtype).requires_grad_(True) for t in (q, k, v)]
@@ -106,25 +177,41 @@ def run_case(name, spec, algo, rank, P):
             torch_err = [(o.double() - ref).abs().max().item()] + [
                 (t.grad.double() - r).abs().max().item() for t, r in zip(lo, ref_grads)]
     mine = [slice_rows(t, rank, n).to(dtype).detach().clone().requires_grad_(True) for t in (q, k, v)]
-    my_mask = None if mask is None else (mask if mask.shape[-2] == 1 else mask[..., rank * n:(rank + 1) * n, :])
+    my_mask = local_mask(mask, rank, n)
+    if mask_grad:
+        my_mask = my_mask.clone().requires_grad_(True)
     args = list(mine)
     if spec.get("bad") == "rank1_longer" and rank == 1:
         args = [torch.cat([t, t[..., :1, :]], dim=-2) for t in mine]
     if spec.get("bad") == "rank0_3d" and rank == 0:
         args[0] = mine[0][0]
+    if spec.get("bad") == "rank1_mask_grad" and rank == 1:
+        my_mask = my_mask.clone().requires_grad_(True)
+    if want_lse:
+        kw["return_lse"] = True
     t0 = time.perf_counter()
     if spec.get("autocast"):  # fp32 inputs computed in bf16, as torch's SDPA does under autocast
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = fn(*args, attn_mask=my_mask, **kw)
         return {"seconds": time.perf_counter() - t0, "dtype": str(out.dtype), "finite": True}
     out = fn(*args, attn_mask=my_mask, **kw)
-    out.backward(slice_rows(dout, rank, n).to(dtype))
+    lse = None
+    if want_lse:
+        out, lse = out
+        torch.autograd.backward([out, lse], [slice_rows(dout, rank, n).to(dtype), dlse[..., rank * n:(rank + 1) * n]])
+    else:
+        out.backward(slice_rows(dout, rank, n).to(dtype))
     res = {"seconds": time.perf_counter() - t0, "shape": tuple(out.shape), "finite": bool(torch.isfinite(out).all())}
     if kw["dropout_p"] == 0.0:
-        res["err"] = [(out.double() - slice_rows(ref, rank, n)).abs().max().item()] + [
-            (t.grad.double() - slice_rows(r, rank, n)).abs().max().item() for t, r in zip(mine, ref_grads)]
-        res["scale"] = [slice_rows(ref, rank, n).abs().max().item()] + [
-            slice_rows(r, rank, n).abs().max().item() for r in ref_grads]
+        got = [out] + [t.grad for t in mine] + ([my_mask.grad] if mask_grad else [])
+        want = [slice_rows(ref, rank, n)] + [slice_rows(r, rank, n) for r in ref_grads[:3]] + ref_grads[3:]
+        res["what"] = ["out", "dq", "dk", "dv"] + (["dmask"] if mask_grad else [])
+        if want_lse:
+            got.append(lse)
+            want.append(ref_lse.detach()[..., rank * n:(rank + 1) * n])
+            res["what"].append("lse")
+        res["err"] = [float("inf") if a is None else (a.double() - b).abs().max().item() for a, b in zip(got, want)]
+        res["scale"] = [b.abs().max().item() for b in want]
         res["torch_err"] = torch_err
     return res
 
@@ -151,6 +238,83 @@ def yunchang_case(rank, world):
         return {"outcome": type(e).__name__, "message": str(e), "trace": traceback.format_exc()}
 
 
+class _FailInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        raise torch.OutOfMemoryError("injected: out of memory on rank 1 in the backward")
+
+
+def _inject(parallel, algo, kind, rank):
+    """Make rank 1 run out of memory where `kind` says (a real exception raised inside the call, the others
+    unaware); returns the function that undoes it."""
+    if rank != 1 or "rank1_oom" not in kind:
+        return lambda: None
+    backward = kind.endswith("backward")
+    name = "scaled_dot_product_attention" if algo == "ulysses" else "block_backward" if backward else "block_forward"
+    real, calls = getattr(parallel, name), [0]
+
+    def failing(*a, **kw):
+        calls[0] += 1
+        where = "in the backward" if backward else "in the forward"
+        if algo == "ring" and calls[0] >= 2:  # the second block: K/V of the first step are already in flight
+            raise torch.OutOfMemoryError(f"injected: out of memory on rank 1 {where}")
+        if algo == "ulysses" and not backward:  # the engine on this rank's head shard
+            raise torch.OutOfMemoryError(f"injected: out of memory on rank 1 {where}")
+        res = real(*a, **kw)
+        if algo == "ulysses":  # the engine's gradient fails
+            return (_FailInBackward.apply(res[0]), res[1]) if isinstance(res, tuple) else _FailInBackward.apply(res)
+        return res
+
+    setattr(parallel, name, failing)
+    return lambda: setattr(parallel, name, real)
+
+
+def recovery_case(algo, kind, rank, world):
+    """On a fresh group: the failing call (with backward), then a valid call with backward, checked in float64."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from attention_core import parallel
+    group = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=RECOVER_TIMEOUT_S))
+    fn = getattr(parallel, f"{algo}_attention")
+    causal = kind.startswith("causal")
+    spec = dict(B=1, H=4, Hkv=4, n=4, D=8)
+    q, k, v, dout, _ = build(spec, world, seed=5)
+    n = spec["n"]
+    engine = {"unknown_tier": {"tier": "fastest"}, "unknown_option": {"block_size": 16},
+              "budget_too_small": {"memory_budget": 1}}.get(kind.replace("rank1_", ""), {})
+    if kind.startswith("rank1_") and rank != 1:
+        engine = {}
+    res = {}
+    undo = _inject(parallel, algo, kind, rank)
+    t0 = time.perf_counter()
+    try:
+        mine = [slice_rows(t, rank, n).clone().requires_grad_(True) for t in (q, k, v)]
+        fn(*mine, is_causal=causal, group=group, **engine).backward(slice_rows(dout, rank, n))
+        res["error"] = {"outcome": "returned"}
+    except Exception as e:  # noqa: BLE001
+        res["error"] = {"outcome": type(e).__name__, "message": str(e), "seconds": time.perf_counter() - t0}
+    finally:
+        undo()
+    t0 = time.perf_counter()
+    try:
+        mine = [slice_rows(t, rank, n).clone().requires_grad_(True) for t in (q, k, v)]
+        out = fn(*mine, is_causal=causal, group=group)
+        out.backward(slice_rows(dout, rank, n))
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        ref = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+        ref.backward(dout)
+        err = max([(out - slice_rows(ref, rank, n)).abs().max().item()] + [
+            (t.grad - slice_rows(r.grad, rank, n)).abs().max().item() for t, r in zip(mine, leaves)])
+        res["after"] = {"outcome": "ok", "err": err, "seconds": time.perf_counter() - t0}
+    except Exception as e:  # noqa: BLE001
+        res["after"] = {"outcome": type(e).__name__, "message": str(e), "seconds": time.perf_counter() - t0}
+    return res
+
+
 def worker(rank, world, init, out_dir):
     sys.path.insert(0, ROOT)
     import torch.distributed as dist
@@ -171,6 +335,9 @@ def worker(rank, world, init, out_dir):
                 results[(name, algo)] = {"outcome": type(e).__name__, "message": str(e),
                                          "trace": traceback.format_exc(), "seconds": time.perf_counter() - t0}
     results[("yunchang", "ulysses")] = yunchang_case(rank, world)
+    if not only or "recover" in only:
+        for algo, kind in RECOVERY:
+            results[("recover", algo, kind)] = recovery_case(algo, kind, rank, world)
     if not only:  # last, as it leaves its group broken: rank 1 never calls, the others must not hang
         absent = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=ABSENT_TIMEOUT_S))
         q = torch.randn(1, 4, 6, 8)
@@ -271,7 +438,8 @@ def test_every_rank(groups, world, algo, case):
             for what, e, te, s in zip(("out", "dq", "dk", "dv"), res["err"], res["torch_err"], res["scale"]):
                 assert e <= 8 * te + 1e-6 * s, f"{where} {what}: error {e:.3g} vs torch fp32 {te:.3g}"
         else:
-            for what, e, s in zip(("out", "dq", "dk", "dv"), res["err"], res["scale"]):
+            assert len(res["err"]) == len(res["what"]) == (4 + bool(spec.get("mask_grad")) + bool(spec.get("lse")))
+            for what, e, s in zip(res["what"], res["err"], res["scale"]):
                 assert e <= 1e-10 * max(1.0, s), f"{where} {what}: max error {e:.3g} (scale {s:.3g})"
 
 
@@ -316,6 +484,37 @@ def test_yunchang_ulysses_with_this_engine(groups, world):
         assert res["err"] < 1e-12, res
 
 
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("algo,kind", list(RECOVERY))
+def test_an_error_leaves_the_group_usable(groups, world, algo, kind):
+    """Issue 17.7: every rank raises promptly (the same message where the inputs are at fault), and the next
+    valid call on the same process group gives the right answer on every rank, well within its timeout."""
+    runs = groups(world)
+    want = RECOVERY[(algo, kind)]
+    messages = set()
+    for rank in range(world):
+        res = runs[rank][("recover", algo, kind)]
+        where = f"{algo} {kind} rank {rank}/{world}"
+        err = res["error"]
+        expect = want if isinstance(want, str) else want.get(rank, want["others"])
+        assert err["outcome"] == expect, f"{where}: expected {expect}, got {err}"
+        assert err["seconds"] < RECOVER_TIMEOUT_S / 2, f"{where}: the error took {err['seconds']:.1f} s"
+        if isinstance(want, str):
+            messages.add(re.sub(r"\(rank \d+ of \d+\)", "(rank r)", err["message"]))
+        elif rank != 1:
+            assert "rank(s) [1]" in err["message"] and "injected" in err["message"], err["message"]
+        after = res["after"]
+        assert after["outcome"] == "ok", f"{where}: the next call on the group failed: {after}"
+        assert after["err"] < 1e-10 and after["seconds"] < RECOVER_TIMEOUT_S / 2, f"{where}: {after}"
+    if isinstance(want, str):
+        assert len(messages) == 1, f"{algo} {kind}: the ranks raised different messages: {messages}"
+    if kind.endswith("unknown_tier"):
+        msg = messages.pop()
+        assert "'fastest'" in msg and ("rank(s) [1]" in msg) == kind.startswith("rank1_"), msg
+    if kind == "unknown_option":
+        assert "block_size" in messages.pop()
+
+
 def test_messages_name_the_problem(groups):
     runs = groups(2)
     msg = runs[0][("heads_not_divisible", "ulysses")]["message"]
@@ -325,6 +524,8 @@ def test_messages_name_the_problem(groups):
     assert "rank(s) [0]" in runs[1][("rank0_malformed", "ulysses")]["message"]
     assert "4-D" in runs[0][("rank0_malformed", "ulysses")]["message"]
     assert "ulysses_attention" in runs[0][("dropout", "ring")]["message"]
+    assert "attn_mask requires grad 0.0" in runs[0][("mask_grad_disagree", "ulysses")]["message"]
+    assert "attn_mask requires grad 1.0" in runs[1][("mask_grad_disagree", "ring")]["message"]
 
 
 if __name__ == "__main__" and len(sys.argv) == 6 and sys.argv[1] == "--worker":
