@@ -65,7 +65,8 @@ PLAN_CASES = [
 ]
 
 
-@pytest.mark.parametrize("argv,flag,word", PLAN_CASES, ids=[f"{c[1] or 'missing'}-{i}" for i, c in enumerate(PLAN_CASES)])
+@pytest.mark.parametrize("argv,flag,word", PLAN_CASES,
+                         ids=[f"{c[1] or 'missing'}-{i}" for i, c in enumerate(PLAN_CASES)])
 def test_plan_bad_input(argv, flag, word, capsys):
     assert_one_line_error(*run_main(plan.main, argv, capsys), flag.split()[0] if flag else "", word)
 
