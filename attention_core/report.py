@@ -76,6 +76,15 @@ def _pack_version():
     return __version__
 
 
+def _try(fn):
+    """fn()'s value, '-' for None, or the error it raised: one table cell must not cost the whole section."""
+    try:
+        v = fn()
+    except Exception as e:  # noqa: BLE001 - written into the cell
+        return f"({type(e).__name__}: {e})"
+    return "-" if v is None else v
+
+
 # ------------------------------------------------------------------------------------------------ sections
 def section_device(device, ctx):
     """Device, arch, memory and the software stack, as a two-column table."""
@@ -89,8 +98,7 @@ def section_device(device, ctx):
         rows += [("arch", getattr(props, "gcnArchName", None) or f"sm_{props.major}{props.minor}"),
                  ("compute units / SMs", props.multi_processor_count),
                  ("memory total", f"{props.total_memory / 2 ** 30:.1f} GB")]
-        free, _ = torch.cuda.mem_get_info(d)
-        rows.append(("memory free now", f"{free / 2 ** 30:.1f} GB"))
+        rows.append(("memory free now", _try(lambda: f"{torch.cuda.mem_get_info(d)[0] / 2 ** 30:.1f} GB")))
     else:
         import psutil
         vm = psutil.virtual_memory()
@@ -101,8 +109,8 @@ def section_device(device, ctx):
              ("HIP (torch.version.hip)", getattr(torch.version, "hip", None) or "-"),
              ("ROCm installed", _rocm_version() or "-"),
              ("CUDA (torch.version.cuda)", torch.version.cuda or "-"),
-             ("cuDNN / MIOpen", (torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None)
-              or "-"),
+             ("cuDNN / MIOpen", _try(lambda: torch.backends.cudnn.version() if torch.backends.cudnn.is_available()
+                                     else None)),
              ("Python", platform.python_version()), ("OS", platform.platform()),
              ("CPU threads (torch / cores)", f"{torch.get_num_threads()} / {os.cpu_count()}"),
              ("tiled-attention", _pack_version()),
@@ -212,7 +220,7 @@ def build(device, quick, comfyui, log=print) -> str:
         summary.append(f"- sections that failed: {', '.join(failed)}")
     head = [f"# tiled-attention report: {ctx.get('name', device)} ({ctx.get('arch', '?')})", "",
             f"Made {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `python -m attention_core.report"
-            f"{' --quick' if quick else ''} --device {device}`.", "", *summary]
+            f"{' --quick' if quick else ' --full'} --device {device}`.", "", *summary]
     return "\n".join(head) + "\n\n" + "\n\n".join(parts) + "\n"
 
 

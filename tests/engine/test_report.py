@@ -118,3 +118,27 @@ def test_comfyui_is_the_one_the_pack_is_installed_in(tmp_path, monkeypatch):
     assert report.find_comfyui() == str(comfy)
     monkeypatch.setattr(report, "ROOT", str(tmp_path / "elsewhere" / "tiled-attention"))
     assert report.find_comfyui() is None
+
+
+def test_device_section_on_a_faked_rocm_gpu(monkeypatch, tmp_path):
+    """No GPU here: the GPU branch of the device section and the file name on a faked ROCm MI50 (torch's own
+    property names), the installed ROCm read from $ROCM_PATH/.info/version."""
+    import types
+    props = types.SimpleNamespace(name="AMD Instinct MI50/MI60", gcnArchName="gfx906:sramecc+:xnack-", major=9,
+                                  minor=0, multi_processor_count=60, total_memory=32 << 30)
+    monkeypatch.setattr(torch.version, "hip", "6.2.41133-dd7f95766", raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: props)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (30 << 30, 32 << 30))
+    (tmp_path / ".info").mkdir()
+    (tmp_path / ".info" / "version").write_text("6.2.4-120\n")
+    monkeypatch.setenv("ROCM_PATH", str(tmp_path))
+    monkeypatch.setenv("HSA_OVERRIDE_GFX_VERSION", "9.0.6")
+    ctx = {}
+    table = report.section_device("cuda", ctx)
+    for row in ("| name | AMD Instinct MI50/MI60 |", "| arch | gfx906:sramecc+:xnack- |", "| compute units / SMs | 60 |",
+                "| memory total | 32.0 GB |", "| memory free now | 30.0 GB |",
+                "| HIP (torch.version.hip) | 6.2.41133-dd7f95766 |", "| ROCm installed | 6.2.4-120 |",
+                "| $HSA_OVERRIDE_GFX_VERSION | 9.0.6 |"):
+        assert row in table, (row, table)
+    assert (ctx["name"], ctx["arch"]) == ("AMD Instinct MI50/MI60", "gfx906:sramecc+:xnack-")
+    assert report.default_out("cuda") == "tiled-attention-report-amd-instinct-mi50-mi60-gfx906.md"
