@@ -472,7 +472,11 @@ def main(argv=None):
                     help="print the tables (and --plot) of a saved --json run, running nothing")
     a = ap.parse_args(argv)
     if a.case:
-        print(json.dumps(run_case(json.loads(a.case))))
+        try:
+            case = json.loads(a.case)
+        except ValueError as e:
+            cli_args.fail(ap, "--case", f"not JSON ({e}); it is internal: one case, as this module's driver passes it")
+        print(json.dumps(run_case(case)))
         return 0
     if a.from_json:
         try:

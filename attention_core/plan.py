@@ -295,7 +295,7 @@ def main(argv=None) -> int:
     ap.add_argument("--height", type=cli_args.int_range(1, MAX_SIDE), required=True, help=f"pixels, up to {MAX_SIDE}")
     ap.add_argument("--frames", type=cli_args.int_range(1, MAX_FRAMES), required=True, help=f"up to {MAX_FRAMES}")
     ap.add_argument("--free-gb", type=cli_args.float_range(MIN_FREE_GB, MAX_FREE_GB, " GB"), default=None,
-                    help="free memory in GB (default: detected)")
+                    help=f"free memory in GB, {MIN_FREE_GB:.6f} to {MAX_FREE_GB:,.0f} (default: detected)")
     ap.add_argument("--dtype", choices=["fp16", "bf16", "fp32"], default="fp16")
     ap.add_argument("--batch", type=cli_args.int_range(1, MAX_BATCH), default=1,
                     help=f"batch items per call (CFG without batching: 1), up to {MAX_BATCH}")

@@ -2,7 +2,7 @@
 self-check, the detection verdict, and the benchmark at the Wan 2.2 5B 480p attention shape.
 
     python -m attention_core.report                       # the accelerator (else the CPU)
-    python -m attention_core.report --quick               # 2 heads, one round: about a minute on a CPU
+    python -m attention_core.report --quick               # 2 heads, one timed run: minutes on a small CPU
     python -m attention_core.report --device cuda:1 --out mi50.md
 
 The benchmark is attention_core.bench at preset wan22-5b-480p (N=4,290 tokens, 24 heads x 128): torch math SDPA,
@@ -242,7 +242,8 @@ def main(argv=None) -> int:
                     help="Markdown file to write (default: tiled-attention-report-<device>.md here)")
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", default=None,
-                      help="2 of the 24 heads, one round (about a minute on a CPU; the default on the CPU)")
+                      help="2 of the 24 heads, one timed run (the default on the CPU: a few minutes on a 2-core "
+                           "one)")
     size.add_argument("--full", dest="quick", action="store_false",
                       help="all 24 heads, 3 rounds (the default on GPUs)")
     ap.add_argument("--comfyui", type=cli_args.comfyui_folder, default=None,

@@ -128,6 +128,7 @@ BENCH_CASES = [
     (["--from-json", "{tmp}"], "--from-json", "not a file"),
     (["--from-json", "{tmp}/garbage.json"], "--from-json", "not JSON"),
     (["--from-json", "{tmp}/other.json"], "--from-json", "not a run saved with --json"),
+    (["--case", "{not json"], "--case", "not JSON"),  # internal, but still no traceback
     # shapes whose inputs alone exceed any memory: said before anything runs
     (["--n", str(10 ** 12), "--mode", "fwd"], "--n/--heads/--dim/--batch", "the inputs alone take"),
     (["--preset", "wan22-5b-480p", "--heads", str(10 ** 9)], "--preset/--heads/--batch", "the inputs alone take"),
