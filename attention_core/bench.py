@@ -409,64 +409,101 @@ def _load():
         return "?"
 
 
+def load_results(path):
+    """The result rows of a run saved with --json; ValueError saying what is wrong with the file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read it ({e})") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    rows = data.get("results") if isinstance(data, dict) else None
+    keys = {"method", "mode", "n", "heads", "dim", "dtype"}
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and keys <= r.keys() for r in rows):
+        raise ValueError("not a run saved with --json (an object whose 'results' lists rows with "
+                         f"{', '.join(sorted(keys))})")
+    return rows
+
+
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m attention_core.bench", description=__doc__.split("\n\n")[0],
-                                 epilog="presets: " + ", ".join(PRESETS))
+    from . import cli_args
+    ap = cli_args.Parser(prog="python -m attention_core.bench", description=__doc__.split("\n\n")[0],
+                         epilog="presets: " + ", ".join(PRESETS))
     ap.add_argument("--case", help=argparse.SUPPRESS)
-    ap.add_argument("--preset", help="comma-separated presets (real model shapes; see the module docstring)")
-    ap.add_argument("--n", default="1024,2048,4096", help="forward sequence lengths (comma separated)")
-    ap.add_argument("--heads", type=int, default=None,
+    ap.add_argument("--preset", type=cli_args.choice_list(PRESETS, "presets"),
+                    help="comma-separated presets (real model shapes; see the module docstring)")
+    ap.add_argument("--n", type=cli_args.int_list(1), default="1024,2048,4096",
+                    help="forward sequence lengths (comma separated)")
+    ap.add_argument("--heads", type=cli_args.int_range(1), default=None,
                     help="heads (default 16); with --preset it replaces the preset's heads (a quicker run of the "
                          "same per-head shape; the table shows the heads used)")
-    ap.add_argument("--dim", type=int, default=64)
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--bwd-n", default="1024,2048", help="forward+backward sequence lengths")
-    ap.add_argument("--bwd-heads", type=int, default=8)
-    ap.add_argument("--dtype", default=None, help="comma separated; float32 on the CPU, float16 on GPUs by default")
-    ap.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: the accelerator if any)")
+    ap.add_argument("--dim", type=cli_args.int_range(1), default=64)
+    ap.add_argument("--batch", type=cli_args.int_range(1), default=1)
+    ap.add_argument("--bwd-n", type=cli_args.int_list(1), default="1024,2048",
+                    help="forward+backward sequence lengths")
+    ap.add_argument("--bwd-heads", type=cli_args.int_range(1), default=8)
+    ap.add_argument("--dtype", type=cli_args.dtype_list, default=None,
+                    help="comma separated; float32 on the CPU, float16 on GPUs by default")
+    ap.add_argument("--device", type=cli_args.device, default=None,
+                    help="cpu, cuda, cuda:1, ... (default: the accelerator if any)")
     ap.add_argument("--mode", choices=["fwd", "fwdbwd", "both"], default=None,
                     help="default: both, or fwd with --preset")
-    ap.add_argument("--methods", default=None, help=f"comma separated, default all: {','.join(METHODS)}")
-    ap.add_argument("--repeats", type=int, default=3, help="timed runs per case after the first (median)")
-    ap.add_argument("--rounds", type=int, default=1,
+    ap.add_argument("--methods", type=cli_args.choice_list(METHODS, "methods"), default=None,
+                    help=f"comma separated, default all: {','.join(METHODS)}")
+    ap.add_argument("--repeats", type=cli_args.int_range(1, 1000), default=3,
+                    help="timed runs per case after the first (median)")
+    ap.add_argument("--rounds", type=cli_args.int_range(1, 100), default=1,
                     help="run every method once per round, rounds alternating the method order, and report the "
                          "median over rounds (for busy machines: load drift hits every method alike)")
     ap.add_argument("--quick", action="store_true",
                     help=f"one timed run, methods {','.join(QUICK_METHODS)} unless --methods, no float64 "
                          "reference above N=8192 (error column '-')")
     ap.add_argument("--no-ref", action="store_true", help="skip the float64 reference (no error column)")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads per case (0: torch's default)")
-    ap.add_argument("--timeout", type=int, default=900, help="seconds per case")
-    ap.add_argument("--comfyui", default=default_comfyui(), help="ComfyUI folder for its attention (default: "
+    ap.add_argument("--threads", type=cli_args.int_range(0, 1024), default=0,
+                    help="torch threads per case (0: torch's default)")
+    ap.add_argument("--timeout", type=cli_args.int_range(1, 7 * 86400), default=900, help="seconds per case")
+    ap.add_argument("--comfyui", type=cli_args.comfyui_folder, default=default_comfyui(),
+                    help="ComfyUI folder for its attention (default: "
                     "$COMFYUI_LATEST_PATH, $COMFYUI_PATH, else the stock 0.33.0 of ./dev)")
-    ap.add_argument("--json", help="write all results here")
-    ap.add_argument("--plot", help="write a PNG of time and memory per method here")
-    ap.add_argument("--from-json", help="print the tables (and --plot) of a saved --json run, running nothing")
+    ap.add_argument("--json", type=cli_args.output_file, help="write all results here")
+    ap.add_argument("--plot", type=cli_args.output_file, help="write a PNG of time and memory per method here")
+    ap.add_argument("--from-json", type=cli_args.existing_file,
+                    help="print the tables (and --plot) of a saved --json run, running nothing")
     a = ap.parse_args(argv)
     if a.case:
-        print(json.dumps(run_case(json.loads(a.case))))
+        try:
+            case = json.loads(a.case)
+        except ValueError as e:
+            cli_args.fail(ap, "--case", f"not JSON ({e}); it is internal: one case, as this module's driver passes it")
+        print(json.dumps(run_case(case)))
         return 0
     if a.from_json:
-        with open(a.from_json) as f:
-            rows = json.load(f)["results"]
+        try:
+            rows = load_results(a.from_json)
+        except ValueError as e:
+            cli_args.fail(ap, "--from-json", f"{a.from_json}: {e}")
         for mode in ("fwd", "fwdbwd"):
             print(_table(rows, mode))
         if a.plot and _plot(rows, a.plot):
             print(f"wrote {a.plot}")
         return 0
-    if a.preset:
-        for name in a.preset.split(","):
-            if name.strip() not in PRESETS:
-                ap.error(f"unknown preset {name.strip()!r}; choose from {', '.join(PRESETS)}")
     a.mode = a.mode or ("fwd" if a.preset else "both")
     import torch
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     a.dtype = a.dtype or ("float32" if device == "cpu" else "float16")
     methods = [m.strip() for m in (a.methods or ",".join(QUICK_METHODS if a.quick else METHODS)).split(",")
                if m.strip()]
-    unknown = set(methods) - set(METHODS)
-    if unknown:
-        ap.error(f"unknown methods {sorted(unknown)}; choose from {METHODS}")
+    from .memory import free_memory
+    for mode, n, heads, dim, dtype, _ in build_plan(a):  # inputs that cannot exist: say so before running
+        need = 4 * a.batch * heads * n * dim * getattr(torch, dtype).itemsize  # q, k, v and the output gradient
+        free = free_memory(torch.device(device))
+        if free is not None and need > free:
+            flag = ("--preset/--heads/--batch" if a.preset else "--bwd-n/--bwd-heads/--dim/--batch" if mode == "fwdbwd"
+                    else "--n/--heads/--dim/--batch")
+            cli_args.fail(ap, flag, f"N={n} x {heads} heads x {dim} dims x batch {a.batch} in {dtype}: the inputs "
+                                    f"alone take {need / GIB:,.1f} GB, {free / GIB:,.1f} GB free on {device}; "
+                                    "choose a smaller shape")
     repeats = 1 if a.quick else max(1, a.repeats)
     rows = []
     info = {"device": device, "dtype": a.dtype, "torch": torch.__version__,
@@ -477,7 +514,6 @@ def main(argv=None):
         info["gpu"] = torch.cuda.get_device_name(torch.device(device))
     print(f"# attention benchmark on {device} ({info.get('gpu', 'CPU')}), {a.dtype}, B={a.batch}, "
           f"torch {torch.__version__}, ComfyUI from {a.comfyui}, load {info['load_start']}", flush=True)
-    from .memory import free_memory
     with tempfile.TemporaryDirectory() as tmp:
         for mode, n, heads, dim, dtype, preset in build_plan(a):
             case = dict(mode=mode, n=n, heads=heads, dim=dim, batch=a.batch, dtype=dtype, device=device, seed=n,

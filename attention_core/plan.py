@@ -17,7 +17,6 @@ Pure arithmetic: no torch import at module level, nothing allocated.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from dataclasses import dataclass
@@ -65,6 +64,8 @@ MODELS: Dict[str, ModelSpec] = {
 # masks or dropout): chunked holds scores and weights, inplace one tile, online score + fp32 weights and cast
 COMFY_SUBQUAD_CHUNKS = (4096, 2048, 1024, 512, 256)
 TIERS = ("chunked", "inplace", "online")
+# the command line's accepted ranges (beyond any video these models make; the arithmetic holds everywhere in them)
+MAX_SIDE, MAX_FRAMES, MAX_BATCH, MIN_FREE_GB, MAX_FREE_GB = 16384, 10000, 256, 1e-6, 1e6
 
 # benchmark / tuning shapes: name -> (model key in MODELS or None, width, height, frames, [N...], heads, head dim)
 PRESETS = {
@@ -91,6 +92,12 @@ def latent_shape(model: ModelSpec, width: int, height: int, frames: int) -> tupl
     """(latent frames, rows, columns) of the empty video latent ComfyUI's node makes for this size."""
     t, s_h, s_w = model.vae
     return 1 + (frames - 1) // t, height // s_h, width // s_w
+
+
+def min_size(model: ModelSpec) -> tuple:
+    """(width, height, frames): the smallest video with at least one token (the VAE's spatial compression; any
+    frame count >= 1 gives a latent frame)."""
+    return model.vae[2], model.vae[1], 1
 
 
 def tokens(model: ModelSpec, width: int, height: int, frames: int) -> int:
@@ -190,9 +197,12 @@ def estimate(model: str, width: int, height: int, frames: int, free: int, dtype_
     from .memory import FREE_FRACTION
     if model not in MODELS:
         raise ValueError(f"attention_core.plan: unknown model {model!r}; choose from {', '.join(MODELS)}")
-    if min(width, height, frames) < 1:
-        raise ValueError(f"attention_core.plan: width, height and frames must be >= 1, got {width}x{height}x{frames}")
     spec = MODELS[model]
+    least = min_size(spec)
+    if any(x < m for x, m in zip((width, height, frames), least)):
+        raise ValueError(f"attention_core.plan: {spec.title} needs width >= {least[0]}, height >= {least[1]} and "
+                         f"frames >= 1 (its VAE compresses {least[0]}x{least[1]} pixels into one latent; smaller "
+                         f"has no tokens), got {width}x{height}x{frames}")
     n = tokens(spec, width, height, frames)
     bh = batch * spec.heads
     e = dtype_bytes
@@ -241,7 +251,8 @@ def report(est: dict) -> str:
            + ("   DOES NOT FIT" if est["math"] > free else "")]
     sq = est["subquad"]
     out.append(f"    ComfyUI sub-quadratic        {_gb(sq['bytes'])}   ({sq['q_chunk']} query rows x "
-               f"{sq['kv_chunk']} keys per chunk at this free memory)")
+               f"{sq['kv_chunk']} keys per chunk at this free memory)" + ("   DOES NOT FIT" if sq["bytes"] > free
+                                                                         else ""))
     sp = est["split"]
     if sp.get("error"):
         out.append(f"    ComfyUI split                {sp['error']} ({sp['steps']})")
@@ -268,21 +279,33 @@ def report(est: dict) -> str:
                    f"({est['ffn_chunks']} at this free memory)")
         if est["math"] > free:
             out.append(f"    without the pack: math SDPA needs {_gb(est['math'])} > {_gb(free)} free; "
-                       f"ComfyUI's sub-quadratic fits with {_gb(sq['bytes'])} per call")
+                       + (f"ComfyUI's sub-quadratic fits with {_gb(sq['bytes'])} per call" if sq["bytes"] <= free
+                          else f"ComfyUI's sub-quadratic does not fit either ({_gb(sq['bytes'])} per call)"))
+        if est["qkvo"] > free:
+            out.append(f"    but q, k, v and o of one call alone take {_gb(est['qkvo'])} > {_gb(free)} free: the model "
+                       "cannot run at this size in this memory (fewer frames, lower resolution, or free memory)")
     return "\n".join(out)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m attention_core.plan", description=__doc__.split("\n\n")[0])
+    from . import cli_args
+    ap = cli_args.Parser(prog="python -m attention_core.plan", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, choices=sorted(MODELS))
-    ap.add_argument("--width", type=int, required=True)
-    ap.add_argument("--height", type=int, required=True)
-    ap.add_argument("--frames", type=int, required=True)
-    ap.add_argument("--free-gb", type=float, default=None, help="free memory in GB (default: detected)")
+    ap.add_argument("--width", type=cli_args.int_range(1, MAX_SIDE), required=True, help=f"pixels, up to {MAX_SIDE}")
+    ap.add_argument("--height", type=cli_args.int_range(1, MAX_SIDE), required=True, help=f"pixels, up to {MAX_SIDE}")
+    ap.add_argument("--frames", type=cli_args.int_range(1, MAX_FRAMES), required=True, help=f"up to {MAX_FRAMES}")
+    ap.add_argument("--free-gb", type=cli_args.float_range(MIN_FREE_GB, MAX_FREE_GB, " GB"), default=None,
+                    help=f"free memory in GB, {MIN_FREE_GB:.6f} to {MAX_FREE_GB:,.0f} (default: detected)")
     ap.add_argument("--dtype", choices=["fp16", "bf16", "fp32"], default="fp16")
-    ap.add_argument("--batch", type=int, default=1, help="batch items per call (CFG without batching: 1)")
+    ap.add_argument("--batch", type=cli_args.int_range(1, MAX_BATCH), default=1,
+                    help=f"batch items per call (CFG without batching: 1), up to {MAX_BATCH}")
     ap.add_argument("--cpu", action="store_true", help="plan tiles by the CPU rules instead of the GPU ones")
     a = ap.parse_args(argv)
+    spec = MODELS[a.model]
+    for flag, value, least in zip(("--width", "--height"), (a.width, a.height), min_size(spec)):
+        if value < least:
+            cli_args.fail(ap, flag, f"{spec.title} needs at least {least} pixels (its VAE compresses {least} "
+                                    f"pixels into one latent, so fewer give no video tokens), got {value}")
     if a.free_gb is not None:
         free, where = int(a.free_gb * GB), "given"
     else:

@@ -8,11 +8,11 @@ non-zero if any case is off. Run it after installing a new ROCm / PyTorch build.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
 
+from . import cli_args
 from .detection import detect
 from .sdpa import scaled_dot_product_attention
 from .tiers import ORDER as TIERS
@@ -89,8 +89,9 @@ def run(device=None, verbose=True) -> bool:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m attention_core.selfcheck", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--device", default=None)
+    ap = cli_args.Parser(prog="python -m attention_core.selfcheck", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", type=cli_args.device, default=None,
+                    help="cpu, cuda, cuda:1 (default: the accelerator if any)")
     a = ap.parse_args(argv)
     return 0 if run(a.device) else 1
 

@@ -15,12 +15,12 @@ profile, TILED_ATTENTION_TUNE=off, or the tile would exceed the memory budget.
 """
 from __future__ import annotations
 
-import argparse
+import os
 import statistics
 import sys
 import time
 
-from .profiles import PROFILE_VERSION, _device_name, save_profile, tuned_blocks_for
+from .profiles import PROFILE_VERSION, _device_name, profile_path, save_profile, tuned_blocks_for
 from .sdpa import scaled_dot_product_attention
 
 
@@ -129,17 +129,25 @@ def tune(device, dtypes, shapes, tiers, rows, repeats, log=print) -> dict:
 
 
 def main(argv=None) -> int:
-    from .plan import PRESETS, preset_shapes
-    ap = argparse.ArgumentParser(prog="python -m attention_core.tune", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: the accelerator if any)")
-    ap.add_argument("--dtype", default=None, help="comma separated (default float32 on the CPU, float16 on GPUs)")
-    ap.add_argument("--presets", default="wan22-5b-480p,ltx23-22b-720p,reference",
+    from . import cli_args
+    from .plan import PRESETS, TIERS, preset_shapes
+    ap = cli_args.Parser(prog="python -m attention_core.tune", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", type=cli_args.device, default=None,
+                    help="cpu, cuda, cuda:1 (default: the accelerator if any)")
+    ap.add_argument("--dtype", type=cli_args.dtype_list, default=None,
+                    help="comma separated (default float32 on the CPU, float16 on GPUs)")
+    ap.add_argument("--presets", type=cli_args.choice_list(PRESETS, "presets"),
+                    default="wan22-5b-480p,ltx23-22b-720p,reference",
                     help=f"shapes to tune (from: {', '.join(PRESETS)}); N above --max-n is scaled down to it")
-    ap.add_argument("--max-n", type=int, default=8192, help="key count cap for speed (the tile is rescaled)")
-    ap.add_argument("--tiers", default="chunked", help="comma separated: chunked,inplace,online")
-    ap.add_argument("--rows", type=int, default=1024, help="query rows timed per candidate")
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--out", default=None, help="profile file (default: this device's profile path)")
+    # candidates are 64..512 rows and >= 512 keys (online): fewer rows or keys would leave nothing to time
+    ap.add_argument("--max-n", type=cli_args.int_range(512), default=8192,
+                    help="key count cap for speed (the tile is rescaled), >= 512")
+    ap.add_argument("--tiers", type=cli_args.choice_list(TIERS, "tiers"), default="chunked",
+                    help="comma separated: chunked,inplace,online")
+    ap.add_argument("--rows", type=cli_args.int_range(64), default=1024, help="query rows timed per candidate, >= 64")
+    ap.add_argument("--repeats", type=cli_args.int_range(1, 1000), default=2)
+    ap.add_argument("--out", type=cli_args.output_file, default=None,
+                    help="profile file (default: this device's profile path, the only one tier 'auto' reads)")
     a = ap.parse_args(argv)
     import torch
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -154,7 +162,13 @@ def main(argv=None) -> int:
     prof = tune(device, dtypes, shapes, [t.strip() for t in a.tiers.split(",")], a.rows, a.repeats,
                 log=lambda s: print(s, flush=True))
     path = save_profile(prof, device, a.out)
-    print(f"saved {path}; tier 'auto' uses it (TILED_ATTENTION_TUNE=off to ignore it)")
+    read = profile_path(device)
+    if os.path.abspath(path) == os.path.abspath(read):
+        print(f"saved {path}; tier 'auto' uses it outside ComfyUI (inside ComfyUI it reads <ComfyUI user "
+              f"directory>/tiled-attention/{os.path.basename(read)}; TILED_ATTENTION_TUNE=off ignores profiles)")
+    else:
+        print(f"saved {path}; tier 'auto' does not read this path: it reads {read} (inside ComfyUI: <ComfyUI user "
+              f"directory>/tiled-attention/{os.path.basename(read)}); copy the file there to use it")
     return 0
 
 

@@ -1,0 +1,179 @@
+"""The engine's command lines' argument checks: one `error: ...` line naming the flag and what it accepts, exit 2.
+
+`Parser` is argparse.ArgumentParser whose errors are that one line (no usage block, no traceback). The factories
+below are argparse `type=` callables: each returns the cleaned value or raises argparse.ArgumentTypeError with
+what the flag accepts, which argparse prefixes with "argument --flag:". Comma lists come back as the cleaned
+comma-separated string (callers split on ","), so code that read the raw string keeps working.
+torch is imported only inside `device` (attention_core.plan stays torch-free at import).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+
+DTYPES = ("float32", "float16", "bfloat16", "float64")
+DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp64": "float64"}
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: `error: <message>` on stderr, exit status 2."""
+
+    def error(self, message):  # noqa: D102 - argparse's hook
+        self.exit(2, "error: " + " ".join(str(message).split()) + "\n")
+
+
+def _bad(expected: str, value) -> argparse.ArgumentTypeError:
+    return argparse.ArgumentTypeError(f"expected {expected}, got {value!r}")
+
+
+def _num(x) -> str:
+    """1000000 -> '1,000,000', 1e-06 -> '0.000001'."""
+    return f"{int(x):,}" if float(x).is_integer() else f"{x:.12f}".rstrip("0")
+
+
+def _span(lo, hi, unit="") -> str:
+    return f">= {_num(lo)}{unit}" if hi is None else f"from {_num(lo)} to {_num(hi)}{unit}"
+
+
+def int_range(lo: int = 1, hi: int | None = None):
+    """A whole number lo <= x <= hi (hi None: no upper bound)."""
+    expected = f"a whole number {_span(lo, hi)}"
+
+    def parse(s):
+        try:
+            x = int(str(s).strip(), 10)
+        except ValueError:
+            raise _bad(expected, s) from None
+        if x < lo or (hi is not None and x > hi):
+            raise _bad(expected, s)
+        return x
+    parse.__name__ = "whole number"
+    return parse
+
+
+def float_range(lo: float, hi: float, unit: str = ""):
+    """A finite number lo <= x <= hi (not nan, not inf)."""
+    expected = f"a number {_span(float(lo), float(hi), unit)}"
+
+    def parse(s):
+        try:
+            x = float(str(s).strip())
+        except ValueError:
+            raise _bad(expected, s) from None
+        if not math.isfinite(x) or not lo <= x <= hi:
+            raise _bad(expected, s)
+        return x
+    parse.__name__ = "number"
+    return parse
+
+
+def _items(s, what):
+    items = [i.strip() for i in str(s).split(",")]
+    if not any(items):
+        raise _bad(what, s)
+    return [i for i in items if i]
+
+
+def choice_list(choices, what: str = "names"):
+    """Comma-separated names, each one of `choices`; the cleaned string (duplicates dropped, order kept)."""
+    choices = tuple(choices)
+    expected = f"comma-separated {what} from: {', '.join(choices)}"
+
+    def parse(s):
+        items = _items(s, expected)
+        unknown = [i for i in items if i not in choices]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {', '.join(map(repr, unknown))}; expected {expected}")
+        return ",".join(dict.fromkeys(items))
+    parse.__name__ = what
+    return parse
+
+
+def int_list(lo: int = 1, hi: int | None = None):
+    """Comma-separated whole numbers lo <= x <= hi; the cleaned string."""
+    one = int_range(lo, hi)
+    expected = f"comma-separated whole numbers {_span(lo, hi)}"
+
+    def parse(s):
+        try:
+            return ",".join(str(one(i)) for i in _items(s, expected))
+        except argparse.ArgumentTypeError:
+            raise _bad(expected, s) from None
+    parse.__name__ = "numbers"
+    return parse
+
+
+def dtype_list(s):
+    """Comma-separated torch dtype names (float32, float16, bfloat16, float64; fp32, fp16, half, bf16, fp64)."""
+    expected = f"comma-separated dtypes from: {', '.join(DTYPES)} (or {', '.join(DTYPE_ALIASES)})"
+    items = _items(s, expected)
+    names = [DTYPE_ALIASES.get(i.lower(), i.lower()) for i in items]
+    unknown = [i for i, n in zip(items, names) if n not in DTYPES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown {', '.join(map(repr, unknown))}; expected {expected}")
+    return ",".join(dict.fromkeys(names))
+
+
+def existing_file(s):
+    """A path to a readable file that exists."""
+    if not str(s).strip():
+        raise _bad("the path of an existing file", s)
+    if not os.path.exists(s):
+        raise argparse.ArgumentTypeError(f"{s!r} does not exist; expected the path of an existing file")
+    if not os.path.isfile(s):
+        raise argparse.ArgumentTypeError(f"{s!r} is not a file; expected the path of an existing file")
+    if not os.access(s, os.R_OK):
+        raise argparse.ArgumentTypeError(f"{s!r} is not readable")
+    return s
+
+
+def output_file(s):
+    """A file path to write: not a folder, in a folder that exists and is writable."""
+    if not str(s).strip():
+        raise _bad("a file path to write", s)
+    if os.path.isdir(s):
+        raise argparse.ArgumentTypeError(f"{s!r} is a folder; expected a file path to write")
+    parent = os.path.dirname(os.path.abspath(s))
+    if not os.path.isdir(parent):
+        raise argparse.ArgumentTypeError(f"folder {parent!r} does not exist; expected a file path in an existing "
+                                         "folder")
+    if not os.access(parent, os.W_OK):
+        raise argparse.ArgumentTypeError(f"folder {parent!r} is not writable")
+    return s
+
+
+def comfyui_folder(s):
+    """A ComfyUI folder: one with comfy/model_management.py."""
+    if not str(s).strip() or not os.path.isfile(os.path.join(s, "comfy", "model_management.py")):
+        raise _bad("a ComfyUI folder (one with comfy/model_management.py)", s)
+    return s
+
+
+def device(s):
+    """'cpu', 'cuda' or 'cuda:N' for a GPU this torch sees (ROCm GPUs are 'cuda' in torch); the cleaned name."""
+    import torch
+    name = str(s).strip().lower()
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if n:
+        accepted = "cpu, cuda" + (f", cuda:0 to cuda:{n - 1}" if n > 1 else ", cuda:0")
+    else:
+        accepted = "cpu (this torch sees no GPU)"
+    kind, _, index = name.partition(":")
+    if name == "cpu":
+        return "cpu"
+    if kind != "cuda" or (index and not index.isdigit()):
+        raise argparse.ArgumentTypeError(f"unknown device {s!r}; accepted: {accepted}")
+    if not n:
+        build = (f"ROCm/HIP {torch.version.hip}" if getattr(torch.version, "hip", None) else
+                 f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build")
+        raise argparse.ArgumentTypeError(f"{s!r} asks for a GPU, but torch {torch.__version__} ({build}) sees none; "
+                                         "accepted here: cpu")
+    if index and int(index) >= n:
+        raise argparse.ArgumentTypeError(f"no GPU {s!r}: this torch sees {n}; accepted: {accepted}")
+    return name
+
+
+def fail(parser: argparse.ArgumentParser, flag: str, message: str):
+    """A problem found after parsing (it depends on several flags): the same one line, naming `flag`."""
+    parser.error(f"argument {flag}: {message}")

@@ -1,0 +1,207 @@
+"""The engine's command lines (plan, tune, bench, selfcheck) answer bad input with one `error: argument --flag: ...`
+line naming what the flag accepts and exit status 2: never a traceback, never a run on nonsense; and their messages
+never contradict their own figures.
+
+Every listed input runs in-process through the CLI's main() (fast; an uncaught exception fails the test); one bad
+input per CLI also runs as `python -m ...` in a real process, to see the exit status and stderr a user sees."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from attention_core import bench, plan, profiles, selfcheck, tune
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# a GPU this torch cannot use: "cuda" without GPUs, else one index past the last
+NO_GPU = f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"
+PLAN = ["--model", "wan22-5b", "--width", "832", "--height", "480", "--frames", "41", "--free-gb", "8"]
+
+
+def with_(base, flag, value):
+    """`base` with `flag` set to `value` (replaced when present)."""
+    out = list(base)
+    if flag in out:
+        out[out.index(flag) + 1] = value
+    else:
+        out += [flag, value]
+    return out
+
+
+def assert_one_line_error(code, out, err, flag, *words):
+    assert code == 2, (code, out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: argument {flag}" if flag else "error: "), err
+    assert "Traceback" not in err and out == ""
+    for w in words:
+        assert w.lower() in lines[0].lower(), (w, lines[0])
+
+
+def run_main(main, argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    out, err = capsys.readouterr()
+    return e.value.code, out, err
+
+
+PLAN_CASES = [
+    *[(with_(PLAN, f, v), f, "from 1 to") for f in ("--width", "--height", "--frames") for v in ("0", "-5")],
+    (with_(PLAN, "--width", "8"), "--width", "at least 16 pixels"),            # a valid size with 0 tokens
+    (with_(PLAN, "--height", "15"), "--height", "at least 16 pixels"),
+    (with_(with_(PLAN, "--model", "ltx23-22b"), "--height", "16"), "--height", "at least 32 pixels"),
+    (with_(PLAN, "--width", str(10 ** 30)), "--width", "16,384"),
+    (with_(PLAN, "--width", "832.5"), "--width", "whole number"),
+    (with_(PLAN, "--frames", "abc"), "--frames", "whole number"),
+    (with_(PLAN, "--height", ""), "--height", "whole number"),
+    *[(with_(PLAN, "--free-gb", v), "--free-gb", "0.000001 to 1,000,000 GB")
+      for v in ("0", "-1", "nan", "inf", "1e400", "1e-300", "lots", "")],
+    (PLAN + ["--free-gb=-inf"], "--free-gb", "0.000001 to 1,000,000 GB"),  # (-inf alone reads as an option)
+    *[(with_(PLAN, "--batch", v), "--batch", "from 1 to 256") for v in ("0", "-2", "100000")],
+    (with_(PLAN, "--dtype", "fp8"), "--dtype", "fp16"),
+    (with_(PLAN, "--model", "sdxl"), "--model", "wan22-5b"),
+    (PLAN[:6], "", "--frames"),  # a required flag missing: argparse's own line, still one line
+]
+
+
+@pytest.mark.parametrize("argv,flag,word", PLAN_CASES,
+                         ids=[f"{c[1] or 'missing'}-{i}" for i, c in enumerate(PLAN_CASES)])
+def test_plan_bad_input(argv, flag, word, capsys):
+    assert_one_line_error(*run_main(plan.main, argv, capsys), flag.split()[0] if flag else "", word)
+
+
+TUNE_CASES = [
+    (["--device", "gpu"], "--device", "accepted: cpu"),
+    (["--device", NO_GPU], "--device", "cpu"),
+    (["--device", ""], "--device", "accepted"),
+    (["--dtype", "float8"], "--dtype", "bfloat16"),
+    (["--dtype", ""], "--dtype", "float32"),
+    (["--presets", "wan-9000"], "--presets", "wan22-5b-480p"),
+    (["--presets", ","], "--presets", "reference"),
+    (["--tiers", "auto"], "--tiers", "chunked, inplace, online"),
+    (["--rows", "0"], "--rows", ">= 64"),
+    (["--rows", "-1"], "--rows", ">= 64"),
+    (["--max-n", "0"], "--max-n", ">= 512"),
+    (["--repeats", "-1"], "--repeats", "from 1 to 1,000"),
+    (["--repeats", "0"], "--repeats", "from 1 to 1,000"),
+    (["--repeats", "two"], "--repeats", "whole number"),
+    (["--out", "{tmp}/missing/profile.json"], "--out", "does not exist"),
+    (["--out", "{tmp}"], "--out", "is a folder"),
+    (["--out", ""], "--out", "file path"),
+]
+
+
+def _fill(argv, tmp_path):
+    return [a.replace("{tmp}", str(tmp_path)) for a in argv]
+
+
+@pytest.mark.parametrize("argv,flag,word", TUNE_CASES, ids=[" ".join(c[0]) for c in TUNE_CASES])
+def test_tune_bad_input(argv, flag, word, capsys, tmp_path):
+    assert_one_line_error(*run_main(tune.main, _fill(argv, tmp_path), capsys), flag, word)
+
+
+BENCH_CASES = [
+    (["--preset", "wan22-5b-999p"], "--preset", "wan22-5b-480p"),
+    (["--preset", ""], "--preset", "reference"),
+    (["--n", "0"], "--n", ">= 1"),
+    (["--n", "1024,abc"], "--n", "whole numbers"),
+    (["--n", ""], "--n", "whole numbers"),
+    (["--heads", "0"], "--heads", ">= 1"),
+    (["--dim", "-64"], "--dim", ">= 1"),
+    (["--batch", "0"], "--batch", ">= 1"),
+    (["--bwd-n", "-4"], "--bwd-n", ">= 1"),
+    (["--bwd-heads", "0"], "--bwd-heads", ">= 1"),
+    (["--dtype", "int8"], "--dtype", "float16"),
+    (["--device", "gpu"], "--device", "accepted: cpu"),
+    (["--device", NO_GPU], "--device", "cpu"),
+    (["--mode", "forward"], "--mode", "fwdbwd"),
+    (["--methods", "math,flash"], "--methods", "comfy-subquad"),
+    (["--repeats", "-1"], "--repeats", "from 1 to 1,000"),
+    (["--rounds", "0"], "--rounds", "from 1 to 100"),
+    (["--threads", "-1"], "--threads", "from 0 to 1,024"),
+    (["--timeout", "0"], "--timeout", "from 1 to"),
+    (["--comfyui", "{tmp}"], "--comfyui", "comfy/model_management.py"),
+    (["--json", "{tmp}/missing/out.json"], "--json", "does not exist"),
+    (["--plot", "{tmp}"], "--plot", "is a folder"),
+    (["--from-json", "{tmp}/missing.json"], "--from-json", "does not exist"),
+    (["--from-json", "{tmp}"], "--from-json", "not a file"),
+    (["--from-json", "{tmp}/garbage.json"], "--from-json", "not JSON"),
+    (["--from-json", "{tmp}/other.json"], "--from-json", "not a run saved with --json"),
+    (["--case", "{not json"], "--case", "not JSON"),  # internal, but still no traceback
+    # shapes whose inputs alone exceed any memory: said before anything runs
+    (["--n", str(10 ** 12), "--mode", "fwd"], "--n/--heads/--dim/--batch", "the inputs alone take"),
+    (["--preset", "wan22-5b-480p", "--heads", str(10 ** 9)], "--preset/--heads/--batch", "the inputs alone take"),
+    (["--dim", str(10 ** 30)], "--n/--heads/--dim/--batch", "GB free on"),
+]
+
+
+@pytest.mark.parametrize("argv,flag,word", BENCH_CASES, ids=[" ".join(c[0])[:40] for c in BENCH_CASES])
+def test_bench_bad_input(argv, flag, word, capsys, tmp_path):
+    (tmp_path / "garbage.json").write_text("{not json")
+    (tmp_path / "other.json").write_text(json.dumps({"results": [{"method": "math"}]}))
+    assert_one_line_error(*run_main(bench.main, _fill(argv, tmp_path), capsys), flag, word)
+
+
+@pytest.mark.parametrize("device", ["gpu", NO_GPU, "", "cuda:x", "meta"])
+def test_selfcheck_bad_device(device, capsys):
+    assert_one_line_error(*run_main(selfcheck.main, ["--device", device], capsys), "--device", "accepted")
+
+
+def test_zero_tokens_is_an_error_at_the_input():
+    """The library call says which size gives no tokens (it was a ZeroDivisionError deep in the tile rule)."""
+    with pytest.raises(ValueError, match=r"needs width >= 16, height >= 16"):
+        plan.estimate("wan22-5b", 8, 480, 41, free=8 << 30)
+    assert plan.estimate("wan22-5b", 16, 16, 1, free=8 << 30)["tokens"] == 1
+
+
+def test_plan_never_says_a_method_fits_beyond_the_free_memory(capsys):
+    """With 1 MB free, ComfyUI's sub-quadratic (3 MB a call here) does not fit, and neither do q, k, v, o."""
+    assert plan.main(with_(PLAN, "--free-gb", "0.001")) == 0
+    out = capsys.readouterr().out
+    subquad = next(ln for ln in out.splitlines() if "ComfyUI sub-quadratic" in ln)
+    assert "DOES NOT FIT" in subquad
+    assert "fits with" not in out and "sub-quadratic does not fit either (3.0 MB per call)" in out
+    assert "q, k, v and o of one call alone take 100.5 MB > 1.0 MB free" in out
+    assert plan.main(with_(PLAN, "--free-gb", "1")) == 0  # 1 GB: math does not fit, sub-quadratic does: said so
+    out = capsys.readouterr().out
+    assert "ComfyUI's sub-quadratic fits with" in out and "DOES NOT FIT" not in next(
+        ln for ln in out.splitlines() if "ComfyUI sub-quadratic" in ln) and "alone take" not in out
+
+
+TINY_TUNE = ["--device", "cpu", "--dtype", "float32", "--presets", "reference", "--max-n", "512", "--rows", "64",
+             "--repeats", "1"]
+
+
+def test_tune_says_whether_auto_reads_the_profile(tmp_path, monkeypatch, capsys):
+    """A real (tiny) tuning pass: saved at the device's profile path, 'auto uses it'; saved by --out elsewhere,
+    the line says auto does not read it and names the path it does read."""
+    monkeypatch.delitem(sys.modules, "folder_paths", raising=False)
+    monkeypatch.setenv(profiles.ENV_DIR, str(tmp_path / "profiles"))
+    profiles._cache.clear()
+    assert tune.main(TINY_TUNE) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    read = profiles.profile_path("cpu")
+    assert last.startswith(f"saved {read}; tier 'auto' uses it outside ComfyUI") and os.path.isfile(read)
+    os.remove(read)
+    out = tmp_path / "elsewhere.json"
+    assert tune.main(TINY_TUNE + ["--out", str(out)]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith(f"saved {out}; tier 'auto' does not read this path: it reads {read}")
+    assert out.is_file() and profiles.load_profile("cpu") is None  # and indeed it does not
+
+
+REAL = [("plan", with_(PLAN, "--free-gb", "nan"), "--free-gb"),
+        ("tune", ["--rows", "0"], "--rows"),
+        ("bench", ["--repeats", "-1"], "--repeats"),
+        ("selfcheck", ["--device", NO_GPU], "--device")]
+
+
+def test_each_cli_as_a_user_runs_it():
+    """`python -m attention_core.X` with a bad flag: exit 2, one stderr line, nothing on stdout (all four at
+    once, in real processes)."""
+    procs = [(flag, subprocess.Popen([sys.executable, "-m", f"attention_core.{mod}", *argv], cwd=ROOT, text=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)) for mod, argv, flag in REAL]
+    for flag, p in procs:
+        out, err = p.communicate(timeout=120)
+        assert_one_line_error(p.returncode, out, err, flag)
