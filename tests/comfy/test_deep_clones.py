@@ -89,7 +89,7 @@ def test_train_lora_trains_with_ffn_chunking(pack, wan):
     chunked = deep_clone(chunk(pack, wan)).parent  # the skip when force_deepcopy does not exist
     latent, cond = wan_inputs()
     args = dict(model=chunked, latents={"samples": latent}, positive=[[cond[0], {}]], batch_size=1,
-                grad_accumulation_steps=1, steps=2, learning_rate=1e-3, rank=4, optimizer="AdamW",
+                grad_accumulation_steps=1, steps=1, learning_rate=1e-3, rank=4, optimizer="AdamW",
                 loss_function="MSE", seed=0, training_dtype="fp32", lora_dtype="fp32", quantized_backward=False,
                 algorithm="LoRA", gradient_checkpointing=True, checkpoint_depth=1, offloading=False,
                 existing_lora="[None]", bucket_mode=False, bypass_mode=False)
@@ -99,7 +99,7 @@ def test_train_lora_trains_with_ffn_chunking(pack, wan):
     finally:
         comfy.model_management.unload_all_models()
     lora, losses, steps = out[0], out[1], out[2]
-    assert steps == 2 and len(losses["loss"]) == 2 and all(torch.isfinite(torch.tensor(losses["loss"])))
+    assert steps == 1 and len(losses["loss"]) == 1 and all(torch.isfinite(torch.tensor(losses["loss"])))
     assert any(k.startswith("diffusion_model.blocks.0.ffn.") for k in lora)
 
 
