@@ -25,6 +25,12 @@ The probes run with gradients off, the module's forward hooks set aside, and its
 restored afterwards, so they leave the module as they found it (BatchNorm statistics, counters, caches).
 Calls the chunking cannot represent (no tensor input, tokens along the last axis, a tensor argument with a
 per-token axis, outputs that are not one tensor with one row per input token) run unchunked.
+
+Inside torch.compile the wrapper reads and writes no Python state in the graph (fullgraph=True, no recompile):
+the chunk count and the verdict are decided once per traced signature as plain Python while dynamo traces
+(torch.compiler.assume_constant_result), from an eager call's verdict when there is one, else from the check on two
+seeded random inputs of the call's shape (the real input does not exist while tracing). Calls with extra arguments
+or symbolic shapes run unchunked in the graph; `calls_chunked` counts eager calls only.
 """
 from __future__ import annotations
 
@@ -345,9 +351,9 @@ class ChunkedFFN:
         earlier eager call of the same signature, else from the check run on two random inputs of the signature
         (the real input is not available while tracing: the checked values are standard normal, not the real
         input's statistics)."""
-        probe = _seeded_normal(shape, dtype, device, 0x5EED)
         if shape[dim] < 2:
             return 0
+        probe = _seeded_normal(shape, dtype, device, 0x5EED)
         chunks = self.chunk_count(probe, dim)
         if chunks <= 1:
             return 0
