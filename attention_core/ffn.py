@@ -25,6 +25,12 @@ The probes run with gradients off, the module's forward hooks set aside, and its
 restored afterwards, so they leave the module as they found it (BatchNorm statistics, counters, caches).
 Calls the chunking cannot represent (no tensor input, tokens along the last axis, a tensor argument with a
 per-token axis, outputs that are not one tensor with one row per input token) run unchunked.
+
+Inside torch.compile the wrapper reads and writes no Python state in the graph (fullgraph=True, no recompile):
+the chunk count and the verdict are decided once per traced signature as plain Python while dynamo traces
+(torch.compiler.assume_constant_result), from an eager call's verdict when there is one, else from the check on two
+seeded random inputs of the call's shape (the real input does not exist while tracing). Calls with extra arguments
+or symbolic shapes run unchunked in the graph; `calls_chunked` counts eager calls only.
 """
 from __future__ import annotations
 
@@ -135,17 +141,22 @@ def _tensors_in(v):
             yield from _tensors_in(e)
 
 
+def _seeded_normal(shape, dtype, device, seed: int) -> torch.Tensor:
+    """Standard normal values drawn with a fixed seed on `device`."""
+    try:
+        gen = torch.Generator(device=device).manual_seed(seed)
+        return torch.randn(shape, generator=gen, device=device, dtype=dtype)
+    except RuntimeError:  # a device without its own generator
+        gen = torch.Generator().manual_seed(seed)
+        return torch.randn(shape, generator=gen, dtype=dtype).to(device)
+
+
 def _random_like(x: torch.Tensor) -> torch.Tensor:
     """Gaussian tokens with the per-feature mean and spread of x (fixed seed, drawn on x's device)."""
     reduce = list(range(x.dim() - 1))
     std, mean = torch.std_mean(x.detach(), dim=reduce, keepdim=True)
     std = std.float().nan_to_num(0.0).clamp_min(1e-3)
-    try:
-        gen = torch.Generator(device=x.device).manual_seed(0x7F4A7C15)
-        noise = torch.randn(x.shape, generator=gen, device=x.device, dtype=x.dtype)
-    except RuntimeError:  # a device without its own generator
-        gen = torch.Generator().manual_seed(0x7F4A7C15)
-        noise = torch.randn(x.shape, generator=gen, dtype=x.dtype).to(x.device)
+    noise = _seeded_normal(x.shape, x.dtype, x.device, 0x7F4A7C15)
     return noise.mul_(std.to(x.dtype)).add_(mean)
 
 
@@ -280,6 +291,8 @@ class ChunkedFFN:
         return dim
 
     def __call__(self, x, *args, **kwargs):
+        if torch.compiler.is_compiling():
+            return self._traced_call(x, args, kwargs)
         dim = self._token_dim(x)
         if dim is None or not x.is_floating_point():
             return self._forward(x, *args, **kwargs)
@@ -314,6 +327,48 @@ class ChunkedFFN:
         self.calls_chunked += 1
         return out
 
+    def _traced_call(self, x, args, kwargs):
+        """The call inside a torch.compile trace: no Python state is read or written in the graph (no guard, no
+        recompile, no graph break). Whether and in how many chunks to run is decided once per traced signature by
+        _decide_while_tracing, which dynamo runs as plain Python while it traces (a constant of the graph). Calls
+        with extra arguments, or with symbolic (dynamic) shapes, run unchunked."""
+        dim = self._token_dim(x)
+        if dim is None or not x.is_floating_point() or args or kwargs:
+            return self._forward(x, *args, **kwargs)
+        shape = tuple(x.shape)
+        if not all(type(s) is int for s in shape):
+            return self._forward(x)
+        owner = self.owner()
+        training = bool(owner.training) if owner is not None else None
+        chunks = _decide_while_tracing(self, shape, x.dtype, x.device, dim, training)
+        if chunks <= 1:
+            return self._forward(x)
+        out = self._run(x, _piece_sizes(shape[dim], chunks), dim, (), {})
+        return self._forward(x) if out is None else out
+
+    def decide(self, shape, dtype, device, dim, training) -> int:
+        """Chunks for a call without extra arguments of this signature (0: run unchunked), from the verdict of an
+        earlier eager call of the same signature, else from the check run on two random inputs of the signature
+        (the real input is not available while tracing: the checked values are standard normal, not the real
+        input's statistics)."""
+        if shape[dim] < 2:
+            return 0
+        probe = _seeded_normal(shape, dtype, device, 0x5EED)
+        chunks = self.chunk_count(probe, dim)
+        if chunks <= 1:
+            return 0
+        key = (("T", tuple(shape), dtype, probe.device), _signature_of(()), _signature_of({}), training)
+        verdict = self.verdicts.get(key)
+        if verdict is None:
+            verdict = self._check(probe, _piece_sizes(shape[dim], chunks), dim, (), {})
+            if verdict is not None:
+                self.verdicts[key] = verdict
+                if not verdict:
+                    log.warning("%s: chunked output differs from the unchunked one or cannot be assembled (the "
+                                "module mixes tokens or changes their number); the compiled graph runs it "
+                                "unchunked", self.name)
+        return chunks if verdict else 0
+
     def __deepcopy__(self, memo):
         new = copy.copy(self)
         memo[id(self)] = new
@@ -321,6 +376,19 @@ class ChunkedFFN:
         new.module = copy.deepcopy(self.module, memo)
         new.verdicts = OrderedDict(self.verdicts)
         return new
+
+
+def _piece_sizes(n: int, chunks: int) -> list:
+    """Token counts of torch.chunk(n tokens, chunks)."""
+    size = -(-n // chunks)
+    return [min(size, n - a) for a in range(0, n, size)]
+
+
+@torch.compiler.assume_constant_result
+def _decide_while_tracing(wrapper, shape, dtype, device, dim, training) -> int:
+    """wrapper.decide(...), run by dynamo as plain Python at trace time, its result a constant of the graph."""
+    with torch.no_grad():
+        return wrapper.decide(shape, dtype, device, dim, training)
 
 
 def chunk_ffn(module: torch.nn.Module, chunks: int = 0, dim: int = 1) -> ChunkedFFN:

@@ -102,14 +102,31 @@ def wants_engine(settings: PatchSettings, q: torch.Tensor, lq: int, lk: int) -> 
     if max(lq, lk) < settings.min_tokens:
         return False
     if settings.mode == "auto":
-        return detect(q.device).needs_tiled_attention
+        return _needs_tiled_attention(q.device)
     return True
+
+
+@torch.compiler.assume_constant_result
+def _needs_tiled_attention(device) -> bool:
+    """detect(device)'s verdict. Inside a torch.compile trace dynamo runs this as plain Python (the device probe
+    cannot be traced) and keeps the answer as a constant of the graph."""
+    return detect(device).needs_tiled_attention
 
 
 def _seq_lens(call: dict):
     if call["skip_reshape"]:
         return call["q"].shape[-2], call["k"].shape[-2]
     return call["q"].shape[1], call["k"].shape[1]
+
+
+def count(settings: PatchSettings, what: str) -> int:
+    """Count one call in settings.stats[what] and return the new count; inside a torch.compile trace nothing is
+    counted and 0 is returned: reading a Python counter there makes dynamo guard on its value (a recompile per
+    call) and the first-call log would break the graph (fullgraph=True fails), so stats count eager calls only."""
+    if torch.compiler.is_compiling():
+        return 0
+    settings.stats[what] += 1
+    return settings.stats[what]
 
 
 def make_override(settings: PatchSettings, previous=None):
@@ -119,13 +136,12 @@ def make_override(settings: PatchSettings, previous=None):
         call = bind_call(args, kwargs)
         lq, lk = _seq_lens(call)
         if not wants_engine(settings, call["q"], lq, lk):
-            settings.stats["passthrough"] += 1
+            count(settings, "passthrough")
             args = tuple(call[n] for n in POSITIONAL[:len(args)])
             if previous is not None:
                 return previous(func, *args, **kwargs)
             return func(*args, **kwargs)
-        settings.stats["engine"] += 1
-        if settings.stats["engine"] == 1:
+        if count(settings, "engine") == 1:
             log.info("[tiled-attention] %s: tiled attention running (mode %s), first call q %s k %s, heads %s",
                      settings.node, settings.mode, tuple(call["q"].shape), tuple(call["k"].shape), call["heads"])
         return run_engine(settings, call, kwargs)

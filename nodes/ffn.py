@@ -10,7 +10,7 @@ import torch
 
 from .api import io
 from ..attention_core.ffn import ChunkedFFN, hidden_features
-from .multigpu_clones import register as follow_multigpu_clones
+from .clones import register as follow_clones
 
 # attribute names of token-wise feed-forwards in video DiTs: Wan `ffn`, LTX / LTX-2 `ff` and `audio_ff`,
 # and the common generic names
@@ -77,5 +77,5 @@ def chunk_model(model, chunks, enabled):
             original = original.forward
         m.add_object_patch(key, ChunkedFFN(original, chunks=int(chunks), dim=1,
                                            hidden=hidden_features(module), name=f"FFN Chunking ({path})"))
-    follow_multigpu_clones(m)
+    follow_clones(m)
     return m

@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import inspect
 
-from .multigpu_clones import register as follow_multigpu_clones
+from .clones import register as follow_clones
 
 
 def forward_parameters(module) -> tuple:
@@ -41,7 +41,7 @@ def unwrap(obj, route_type):
 
 
 class Rewrappable:
-    """A wrapper of one function held in `inner`; rewrapped(fn) is a copy around `fn` (multigpu_clones)."""
+    """A wrapper of one function held in `inner`; rewrapped(fn) is a copy around `fn` (nodes/clones.py)."""
     WRAPS = "inner"
 
     def rewrapped(self, fn):
@@ -101,4 +101,4 @@ def set_routes(patcher, paths, suffix, route_type, make_route):
             else:
                 del patcher.object_patches[key]
     if make_route is not None and paths:
-        follow_multigpu_clones(patcher)
+        follow_clones(patcher)

@@ -13,7 +13,7 @@ import copy
 import logging
 import math
 
-from .comfy_adapter import POSITIONAL, PatchSettings, run_engine, wants_engine
+from .comfy_adapter import POSITIONAL, PatchSettings, count, run_engine, wants_engine
 from .object_routes import Rewrappable, set_routes
 
 ATTRIBUTE = "optimized_attention"
@@ -33,10 +33,9 @@ class VaeAttentionRoute(Rewrappable):
         b, c = shape[0], shape[1]
         n = math.prod(shape[2:])
         if not wants_engine(self.settings, q, n, math.prod(k.shape[2:])):
-            self.settings.stats["passthrough"] += 1
+            count(self.settings, "passthrough")
             return self.inner(q, k, v)
-        self.settings.stats["engine"] += 1
-        if self.settings.stats["engine"] == 1:
+        if count(self.settings, "engine") == 1:
             log.info("[tiled-attention] %s: tiled attention running (mode %s), first call q %s", self.settings.node,
                      self.settings.mode, tuple(shape))
         heads = [t.reshape(b, 1, c, -1).transpose(2, 3) for t in (q, k, v)]

@@ -1,0 +1,77 @@
+"""FFN Chunking inside torch.compile(fullgraph=True): the exactness check runs as plain Python while dynamo traces
+(its verdict a constant of the graph), so the wrapper adds no graph break and no recompile, and a module that mixes
+tokens still runs unchunked under compile."""
+import torch
+from torch._dynamo.utils import counters
+
+from attention_core import chunk_ffn
+
+
+class Block(torch.nn.Module):
+    def __init__(self, ffn):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(16)
+        self.ffn = ffn
+
+    def forward(self, x):
+        return x + self.ffn(self.norm(x))
+
+
+class MeanMixer(torch.nn.Module):
+    """Token-wise MLP plus the mean over tokens: chunks see a different mean than the whole."""
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.lin(x) + x.mean(dim=1, keepdim=True)
+
+
+def compiled_runs(block, inputs):
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        c = torch.compile(block, backend="eager", fullgraph=True)
+        outs = [c(x) for x in inputs]
+        return outs, dict(counters["graph_break"]), counters["stats"]["unique_graphs"]
+    finally:
+        torch._dynamo.reset()
+
+
+def test_chunked_ffn_compiles_fullgraph_once_and_exact():
+    torch.manual_seed(0)
+    ffn = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.Linear(64, 16))
+    block = Block(ffn)
+    inputs = [torch.randn(2, 40, 16) for _ in range(3)]
+    refs = [block(x) for x in inputs]
+    wrapper = chunk_ffn(ffn, chunks=4)
+    outs, breaks, graphs = compiled_runs(block, inputs)
+    assert breaks == {} and graphs == 1, (breaks, graphs)
+    assert all(torch.allclose(o, r, atol=1e-6) for o, r in zip(outs, refs))
+    assert wrapper.verified is True and wrapper.calls_chunked == 0  # decided while tracing; no count in-graph
+
+
+def test_token_mixing_module_runs_unchunked_under_compile():
+    torch.manual_seed(0)
+    block = Block(MeanMixer())
+    inputs = [torch.randn(2, 40, 16) for _ in range(2)]
+    refs = [block(x) for x in inputs]
+    wrapper = chunk_ffn(block.ffn, chunks=4)
+    outs, breaks, graphs = compiled_runs(block, inputs)
+    assert breaks == {} and graphs == 1, (breaks, graphs)
+    assert wrapper.verified is False
+    assert all(torch.allclose(o, r, atol=1e-6) for o, r in zip(outs, refs))
+
+
+def test_an_eager_verdict_is_reused_by_the_trace():
+    torch.manual_seed(0)
+    ffn = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.Linear(64, 16))
+    block = Block(ffn)
+    inputs = [torch.randn(2, 40, 16) for _ in range(2)]
+    wrapper = chunk_ffn(ffn, chunks=4)
+    refs = [block(x) for x in inputs]  # eager: checked on the real input, chunked
+    assert wrapper.verified is True and len(wrapper.verdicts) == 1 and wrapper.calls_chunked == 2
+    outs, breaks, graphs = compiled_runs(block, inputs)
+    assert breaks == {} and graphs == 1, (breaks, graphs)
+    assert len(wrapper.verdicts) == 1 and wrapper.calls_chunked == 2
+    assert all(torch.allclose(o, r, atol=1e-6) for o, r in zip(outs, refs))
