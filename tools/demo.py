@@ -275,7 +275,7 @@ def write_models(models, a):
     if os.path.exists(stamp):
         return umt5_detectable(os.path.join(models, "text_encoders", FILES["text_encoders"]))
     say(f"writing a real-width random-weight Wan 2.2 TI2V 5B ({REAL_WIDTH['heads']} heads x 128 = 3072 wide, "
-        f"FFN {REAL_WIDTH['ffn_dim']}, {a.blocks} blocks; fp16 file) and narrow UMT5 / Wan 2.2 VAE files")
+        f"FFN {REAL_WIDTH['ffn_dim']}, {a.blocks} block{'s' * (a.blocks > 1)}; fp16 file) and narrow UMT5 / Wan 2.2 VAE files")
     import_comfy(LATEST)
     import torch
     from safetensors.torch import save_file
@@ -322,7 +322,10 @@ def configure(prompt, prefix, size, frames, steps, seed, patch, ffn, mode, ffn_c
     return p
 
 
-def chart(results, path, title, what):
+STEP_TITLE = "time per sampling step (s): median of the steps\nafter each run's first (one-off work, shown in brackets)"
+
+
+def chart(results, path, title, what, step_title=STEP_TITLE):
     """Three panels a user reads at a glance, every bar under its configuration's name: peak memory, seconds per
     step (median of the later steps; the first step, with its one-off work, written beside it) and the largest
     frame difference from the default configuration; the headline is the title."""
@@ -336,9 +339,9 @@ def chart(results, path, title, what):
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
     steps = [r["step_s"] or 0 for r in results]
     firsts = [f"  (first step {r['first_s']:.0f} s)" if r.get("first_s") is not None else "" for r in results]
+    step_fmts = ["{:.1f} s" + f if r["step_s"] is not None else "no later step" + f for r, f in zip(results, firsts)]
     panels = ((axes[0], [r["peak_gb"] for r in results], f"peak {what} (GB)", ["{:.2f} GB"] * len(results)),
-              (axes[1], steps, "time per sampling step (s): median of the steps\nafter each run's first "
-                               "(one-off work, shown in brackets)", ["{:.1f} s" + f for f in firsts]),
+              (axes[1], steps, step_title, step_fmts),
               (axes[2], [r["max_diff"] if r["max_diff"] is not None else 0 for r in results],
                "max |decoded frame difference| vs sub-quadratic's\n(8-bit frames scaled to 0-1: 1/255 = 0.0039)",
                ["{:.4f}"] * len(results)))

@@ -120,9 +120,13 @@ def headline(results, model, tokens, busy=None):
     for r in results:
         if r["role"] in ("recommended", "default"):
             continue
-        text = f"{r['label']}: {r['peak_gb']:.1f} GB peak, {_step(r)}"
-        if r.get("first_s") is not None and r.get("step_s") is not None and r["first_s"] > 1.5 * r["step_s"]:
-            text += f" (its first step: {r['first_s']:.0f} s, one-off work, not in s/step)"
+        text = f"{r['label']}: {r['peak_gb']:.1f} GB peak, "
+        if r.get("step_s") is None and r.get("first_s") is not None:
+            text += f"only a first step timed ({r['first_s']:.0f} s, with one-off work)"
+        else:
+            text += _step(r)
+            if r.get("first_s") is not None and r.get("step_s") is not None and r["first_s"] > 1.5 * r["step_s"]:
+                text += f" (its first step: {r['first_s']:.0f} s, one-off work, not in s/step)"
         text += f", its frames {frames_phrase(r.get('max_diff'), ref)}"
         if r["role"] == "math" and r.get("max_diff"):
             text += " (math SDPA's own rounding: the pack is not in that run)"

@@ -111,6 +111,14 @@ def test_busy_when_load_above_cores_before_or_others_take_a_quarter_while_measur
         assert reason == f"other processes kept {sum(others) / len(others):.1f} of 2 cores busy while it measured"
 
 
+def test_a_configuration_timed_on_its_first_step_only_says_so():
+    results = measured()
+    ffn = results[3]
+    ffn["step_s"] = None
+    assert "Patch Attention + FFN Chunking (4 chunks): 3.0 GB peak, only a first step timed (137 s, with one-off " \
+           "work), its frames" in headline(results, "m", 1)[2]
+
+
 def test_no_headline_without_the_two_compared_runs():
     results = [r for r in measured() if r["role"] != "recommended"]
     assert headline(results, "m", 1) == []
