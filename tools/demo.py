@@ -125,7 +125,7 @@ def parse_args(argv=None):
                          f"--full: {f['repeats']})")
     ap.add_argument("--math", action=argparse.BooleanOptionalAction, default=None,
                     help="also run math SDPA in a second server (what --use-pytorch-cross-attention gives on gfx906; "
-                         "adds a server and a quarter of the time) (default: off; --full: on)")
+                         "adds a second server and about a third more time) (default: off; --full: on)")
     ap.add_argument("--mode", choices=["auto", "chunked", "inplace", "online"], default=None,
                     help="Patch Attention mode (default: auto on GPUs, chunked on the CPU, whose torch has a "
                          "fused kernel that auto would leave in place)")
@@ -430,6 +430,7 @@ def main(argv=None):
             saved = json.load(f)
         report(saved["meta"], saved["runs"], a)
         return 0
+    wall_start = time.time()
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     cores = os.cpu_count() or 1
     if comfy_path(LATEST) is None:
@@ -482,7 +483,6 @@ def main(argv=None):
                 repeats=a.repeats, mode=mode, gpu=gpu, configs=[c[:2] for c in configs], real=bool(a.models),
                 cores=cores, load_before=load_before)
     runs = []
-    wall_start = time.time()
     try:
         say(f"starting {len(servers)} ComfyUI server(s) from {comfy_path(LATEST)} (logs: {a.workdir}/*/server.log)")
         start_all(servers.values())
@@ -525,7 +525,7 @@ def main(argv=None):
     if not patched_ran:
         print("warning: no '[tiled-attention]' line in the server log: Patch Attention may not have run")
     report(meta, runs, a)
-    say(f"measured in {(time.time() - wall_start) / 60:.1f} min")
+    say(f"done in {(time.time() - wall_start) / 60:.1f} min")
     return 0
 
 
