@@ -325,10 +325,11 @@ def configure(prompt, prefix, size, frames, steps, seed, patch, ffn, mode, ffn_c
 STEP_TITLE = "time per sampling step (s): median of the steps\nafter each run's first (one-off work, shown in brackets)"
 
 
-def chart(results, path, title, what, step_title=STEP_TITLE):
+def chart(results, path, title, what, step_title=STEP_TITLE, busy=None):
     """Three panels a user reads at a glance, every bar under its configuration's name: peak memory, seconds per
     step (median of the later steps; the first step, with its one-off work, written beside it) and the largest
-    frame difference from the default configuration; the headline is the title."""
+    frame difference from the default configuration; the headline is the title. `busy`: the step panel says the
+    times are unreliable."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -344,7 +345,9 @@ def chart(results, path, title, what, step_title=STEP_TITLE):
               (axes[1], steps, step_title, step_fmts),
               (axes[2], [r["max_diff"] if r["max_diff"] is not None else 0 for r in results],
                "max |decoded frame difference| vs sub-quadratic's\n(8-bit frames scaled to 0-1: 1/255 = 0.0039)",
-               ["{:.4f}"] * len(results)))
+               ["the reference" if r["role"] == "default" else "not compared" if r["max_diff"] is None else
+                "0: identical" if r["max_diff"] == 0 else
+                f"{max(1, round(r['max_diff'] * 255))}/255" for r in results]))
     for ax, vals, name, fmts in panels:
         bars = ax.barh(labels, vals, color=bar_colors)
         ax.invert_yaxis()
@@ -353,6 +356,8 @@ def chart(results, path, title, what, step_title=STEP_TITLE):
         for b, v, fmt in zip(bars, vals, fmts):
             ax.text(b.get_width(), b.get_y() + b.get_height() / 2, " " + fmt.format(v), va="center", fontsize=9)
         ax.set_xlim(0, (max(vals) or (1 / 255 if ax is axes[2] else 1)) * (1.9 if ax is axes[1] else 1.35))
+    if busy:
+        axes[1].set_title(axes[1].get_title() + "\nMACHINE BUSY: times unreliable", fontsize=10, color="#c62828")
     for ax in axes[1:]:
         ax.set_yticklabels([])
     fig.suptitle("\n".join(textwrap.fill(line, 150) for line in title), fontsize=10)
@@ -410,7 +415,7 @@ def report(meta, runs, a):
     os.makedirs(a.out_dir, exist_ok=True)
     chart_path = os.path.abspath(a.chart or os.path.join(a.out_dir, "demo.png"))
     json_path = os.path.abspath(a.json or os.path.join(a.out_dir, "demo.json"))
-    chart(results, chart_path, lines, what)
+    chart(results, chart_path, lines, what, busy=busy)
     with open(json_path, "w") as f:
         json.dump({**meta, "busy": busy, "headline": lines, "results": results}, f, indent=1)
     print(f"\n{meta['repeats']} interleaved rounds, {meta['steps']} steps a run; s/step is the median of the "
