@@ -272,8 +272,8 @@ def write_models(models, a):
             os.symlink(os.path.join(a.models, d, f), dst)
         return
     stamp = os.path.join(models, f"real-width-{a.blocks}-blocks")
-    if os.path.exists(stamp):
-        return umt5_detectable(os.path.join(models, "text_encoders", FILES["text_encoders"]))
+    if os.path.exists(stamp):  # written by an earlier run
+        return
     say(f"writing a real-width random-weight Wan 2.2 TI2V 5B ({REAL_WIDTH['heads']} heads x 128 = 3072 wide, "
         f"FFN {REAL_WIDTH['ffn_dim']}, {a.blocks} block{'s' * (a.blocks > 1)}; fp16 file) and narrow UMT5 / Wan 2.2 VAE files")
     import_comfy(LATEST)

@@ -79,3 +79,14 @@ def test_without_decode_only_the_sampled_latent_is_saved():
         for v in n["inputs"].values():
             if isinstance(v, list) and len(v) == 2 and isinstance(v[0], str):
                 assert v[0] in timed
+
+
+def test_a_second_run_reuses_the_model_files_it_wrote(tmp_path):
+    import argparse
+
+    from tools.demo import write_models
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "real-width-1-blocks").touch()  # what the first run leaves
+    assert write_models(str(models), argparse.Namespace(models=None, blocks=1)) is None
+    assert sorted(os.listdir(models)) == ["real-width-1-blocks"]
