@@ -9,106 +9,24 @@ Measures on this device and dtype (each the best of a few runs, well under a min
   gemm      dense GEMMs at the model's linear-layer shapes (width x width, width x FFN width)
 and stores FLOP rates (GFLOP/s; attention FLOPs = 4 * heads * N^2 * head_dim) in calibration-<device>.json
 next to the tile profiles (attention_core.profiles.profile_dir), with the date and the device name.
-The file is untrusted input: `load` validates it and treats a bad one as absent (one warning naming the file);
-`save` writes a unique temporary file and renames it over the old one (atomic for readers and other writers).
+The file's rules (validated on load, atomic writes) are in attention_core.calibration.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
-import json
-import logging
 import math
-import os
-import re
 import sys
-import tempfile
 import time
 from typing import Optional
 
-log = logging.getLogger(__name__)
-VERSION = 1
-KINDS = ("pack", "subquad", "math")
+from . import plan
+from .calibration import VERSION, calibration_path, save
+
 TOKENS = (1024, 2048, 4096)
-HEADS = 4          # calibration heads (rates are per FLOP; 24 heads would only make it slower to measure)
+HEADS = 8          # calibration heads (rates are per FLOP; 24 heads would only make it slower to measure)
 GEMM_ROWS = 512    # token rows of the calibration GEMMs
 MATH_MAX_SCORES = 1 << 26
-
-
-# ------------------------------------------------------------------------------------------- the file
-def calibration_path(device: str = "cpu", dtype: str = "fp32") -> str:
-    """<profile dir>/calibration-<device name>-<dtype>.json (profiles.profile_dir decides the folder)."""
-    from .profiles import _device_name, profile_dir
-    name, arch = _device_name(device)
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", f"{name}-{arch}").strip("-").lower()[:80] or "device"
-    return os.path.join(profile_dir(), f"calibration-{slug}-{dtype}.json")
-
-
-def _positive(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
-
-
-def validate(data) -> Optional[str]:
-    """None when `data` is a usable calibration, else what is wrong with it."""
-    if not isinstance(data, dict):
-        return "not a JSON object"
-    if data.get("version") != VERSION:
-        return f"version {data.get('version')!r} is not {VERSION}"
-    for key in ("device", "date", "dtype"):
-        if not isinstance(data.get(key), str) or not data[key]:
-            return f"'{key}' is missing or not a string"
-    att = data.get("attention")
-    if not isinstance(att, dict) or not isinstance(att.get("pack"), list) or not att["pack"]:
-        return "'attention' has no 'pack' measurements"
-    for kind, rows in att.items():
-        if kind not in KINDS or not isinstance(rows, list):
-            return f"attention kind {kind!r} is unknown or not a list"
-        for r in rows:
-            if not (isinstance(r, dict) and all(_positive(r.get(k)) for k in ("tokens", "gflops"))):
-                return f"an attention entry of {kind!r} needs positive 'tokens' and 'gflops': {r!r}"
-    gemm = data.get("gemm")
-    if not (isinstance(gemm, list) and gemm and all(isinstance(r, dict) and _positive(r.get("gflops"))
-                                                     for r in gemm)):
-        return "'gemm' needs a list of entries with positive 'gflops'"
-    return None
-
-
-def load(path: str) -> Optional[dict]:
-    """The calibration at `path`, or None when there is none or it is unusable (one warning naming the file)."""
-    if not os.path.isfile(path):
-        return None
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except (OSError, ValueError) as e:
-        log.warning("tiled attention: ignoring the calibration %s: unreadable (%s); run python -m "
-                    "attention_core.calibrate again", path, e)
-        return None
-    bad = validate(data)
-    if bad:
-        log.warning("tiled attention: ignoring the calibration %s: %s; run python -m attention_core.calibrate "
-                    "again", path, bad)
-        return None
-    return data
-
-
-def save(data: dict, path: str) -> str:
-    """Write atomically: a unique temporary file in the same folder, then os.replace over `path`."""
-    bad = validate(data)
-    if bad:
-        raise ValueError(f"not saving an invalid calibration to {path}: {bad}")
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".calibration-", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
 
 
 # ------------------------------------------------------------------------------------------- measuring
@@ -132,7 +50,6 @@ def measure(device: str = "cpu", dtype: str = "fp32", model: str = "wan22-5b", t
     """Measure the rates (see the module doc) and return the calibration dict (not saved)."""
     import torch
 
-    from . import plan
     from .profiles import _device_name
     from .sdpa import scaled_dot_product_attention
     td = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
@@ -192,7 +109,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu", help="torch device to measure (cpu, cuda, cuda:1)")
     ap.add_argument("--dtype", choices=["fp16", "bf16", "fp32"], default=None,
                     help="dtype to measure (default: fp32 on the CPU, fp16 on a GPU)")
-    ap.add_argument("--model", choices=sorted(__import__("attention_core.plan", fromlist=["MODELS"]).MODELS),
+    ap.add_argument("--model", choices=sorted(plan.MODELS),
                     default="wan22-5b", help="whose linear-layer shapes and head dim to measure")
     ap.add_argument("--comfyui", default=None, help="ComfyUI folder for its sub-quadratic attention (default: "
                     "$COMFYUI_LATEST_PATH, $COMFYUI_PATH, else the one ./dev set up; none: skipped)")

@@ -1,5 +1,6 @@
-"""How long a step and a run take, from a model spec (attention_core.plan) and a device calibration
-(attention_core.calibrate). Pure arithmetic: no torch import, nothing measured here.
+"""How long a step and a run take, from a model spec (attention_core.plan's ModelSpec, passed in) and a device
+calibration (attention_core.calibrate). Pure arithmetic: no torch import, nothing measured, no attention_core
+import (attention_core.plan shows these numbers, so this module must not import it).
 
 FLOPs of one DiT block for one batch item (N video tokens, width C = heads x head_dim, FFN width F, L text
 tokens), counting the GEMMs only (norms, modulation, RoPE and the GELU are elementwise, O(N*C)):
@@ -17,9 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
-
-from . import plan
+from typing import Callable, Dict, List, Optional, Tuple
 
 # text tokens of the cross-attention context: Wan's T5 (text_len 512, comfy/ldm/wan/model.py); LTX-2.3's Gemma
 # connector (1024 tokens, assumed: the prompt's padded length)
@@ -46,7 +45,7 @@ METHODS = {"pack": "this pack (auto)", "subquad": "ComfyUI sub-quadratic"}
 CALIBRATE_CMD = "python -m attention_core.calibrate"
 
 
-def layer_flops(spec: plan.ModelSpec, n: int, text: Optional[int] = None) -> Dict[str, float]:
+def layer_flops(spec, n: int, text: Optional[int] = None) -> Dict[str, float]:
     """FLOPs of one block for one batch item, by part (see the module doc)."""
     c, f = spec.width, spec.ffn
     text = TEXT_TOKENS.get(spec.key, 512) if text is None else text
@@ -78,7 +77,7 @@ def _gemm_rate(calib: dict, out_width: int) -> float:
     return min(calib["gemm"], key=lambda r: abs(math.log(r.get("n", out_width) / out_width)))["gflops"]
 
 
-def step_time(spec: plan.ModelSpec, n: int, calib: dict, method: str, batch: int = 2,
+def step_time(spec, n: int, calib: dict, method: str, batch: int = 2,
               blocks: Optional[int] = None) -> Optional[Dict[str, float]]:
     """Seconds of one sampling step: {"attention", "rest", "total"}; None when the calibration has no rates for
     `method` ("pack" or "subquad"). blocks: how many DiT blocks run (default: all of the model's layers)."""
@@ -96,10 +95,11 @@ def step_time(spec: plan.ModelSpec, n: int, calib: dict, method: str, batch: int
     return {"attention": attention, "rest": rest, "total": attention + rest}
 
 
-def run_time(model: str, width: int, height: int, frames: int, calib: dict, steps: Optional[List[int]] = None,
-             batch: int = 1) -> dict:
-    """Per stage: tokens, steps, seconds per step and for the stage, per method; and the run's totals."""
-    spec = plan.MODELS[model]
+def run_time(spec, width: int, height: int, frames: int, calib: dict, tokens: Callable,
+             steps: Optional[List[int]] = None, batch: int = 1) -> dict:
+    """Per stage: tokens, steps, seconds per step and for the stage, per method; and the run's totals.
+    tokens(spec, width, height, frames): the video tokens of a size (attention_core.plan.tokens)."""
+    model = spec.key
     stages = STAGES[model]
     if steps is not None and len(steps) != len(stages):
         raise ValueError(f"--steps: {model} runs {len(stages)} stage(s) ({', '.join(s.name for s in stages)}); "
@@ -107,7 +107,7 @@ def run_time(model: str, width: int, height: int, frames: int, calib: dict, step
     out, totals = [], {m: 0.0 for m in METHODS}
     for i, st in enumerate(stages):
         w, h = max(1, int(width * st.scale)), max(1, int(height * st.scale))
-        n = plan.tokens(spec, w, h, frames)
+        n = tokens(spec, w, h, frames)
         k = st.steps if steps is None else steps[i]
         per = {m: step_time(spec, n, calib, m, st.cfg_batch * batch) for m in METHODS}
         for m, t in per.items():
@@ -127,15 +127,15 @@ def _dur(s: float) -> str:
     return f"{s / 3600:,.2f} h"
 
 
-def report(model: str, width: int, height: int, frames: int, calib: Optional[dict], where: str = "",
-           steps: Optional[List[int]] = None, batch: int = 1) -> str:
+def report(spec, width: int, height: int, frames: int, calib: Optional[dict], where: str = "",
+           steps: Optional[List[int]] = None, batch: int = 1, tokens: Optional[Callable] = None) -> str:
     """The time section of the plan: per stage and method, seconds per step (attention / the rest) and the run;
     without a calibration, the command that makes one."""
     if calib is None:
         cmd = CALIBRATE_CMD + (f" --out {where}" if where else "")
         return (f"  time per step: no calibration of this device{(' at ' + where) if where else ''}, so no estimate; "
                 f"run `{cmd}` (under a minute) and ask again")
-    rt = run_time(model, width, height, frames, calib, steps, batch)
+    rt = run_time(spec, width, height, frames, calib, tokens, steps, batch)
     lines = [f"  time (calibration of {calib['device']}, {calib['dtype']}, {calib['date']}; GEMMs and attention "
              f"only, elementwise ops not counted):"]
     for s in rt["stages"]:

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from attention_core import calibrate, estimate, plan
+from attention_core import calibration as calibrate, estimate, plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -90,7 +90,7 @@ def test_stages_follow_the_bundled_workflows():
 
 
 def test_run_time_sums_the_stages():
-    rt = estimate.run_time("ltx23-22b", 1920, 1088, 129, _calib())
+    rt = estimate.run_time(plan.MODELS["ltx23-22b"], 1920, 1088, 129, _calib(), plan.tokens)
     s1, s2 = rt["stages"]
     assert (s1["tokens"], s2["tokens"]) == (30 * 17 * 17, 60 * 34 * 17)
     expect = 20 * s1["per_step"]["pack"]["total"] + 3 * s2["per_step"]["pack"]["total"]
@@ -98,13 +98,13 @@ def test_run_time_sums_the_stages():
     assert s2["per_step"]["pack"]["total"] == pytest.approx(
         estimate.step_time(plan.MODELS["ltx23-22b"], 34680, _calib(), "pack", batch=1)["total"])
     with pytest.raises(ValueError, match="2 stage"):
-        estimate.run_time("ltx23-22b", 1920, 1088, 129, _calib(), steps=[20])
+        estimate.run_time(plan.MODELS["ltx23-22b"], 1920, 1088, 129, _calib(), plan.tokens, steps=[20])
 
 
 def test_report_without_and_with_a_calibration():
-    text = estimate.report("wan22-5b", 832, 480, 41, None, "/x/calibration.json")
+    text = estimate.report(plan.MODELS["wan22-5b"], 832, 480, 41, None, "/x/calibration.json")
     assert "no calibration" in text and "python -m attention_core.calibrate" in text and "s a step" not in text
-    text = estimate.report("wan22-5b", 832, 480, 41, _calib())
+    text = estimate.report(plan.MODELS["wan22-5b"], 832, 480, 41, _calib(), tokens=plan.tokens)
     assert "test device" in text and "2026-12-01" in text and "4,290 tokens" in text
     assert "this pack (auto)" in text and "ComfyUI sub-quadratic" in text and "whole run" in text
 
