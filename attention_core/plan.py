@@ -120,6 +120,49 @@ def tier_bytes_per_score(tier: str, elem: int) -> int:
     raise ValueError(f"unknown tier {tier!r}; choose from {TIERS}")
 
 
+PRECISIONS = ("auto", "input", "fp16", "fp32")  # the engine's precision modes (attention_core.numerics)
+LAYOUTS = ("comfyui", "heads")  # q/k/v as ComfyUI hands them ([B, N, H*D] viewed as heads) or contiguous heads
+DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
+
+
+def compute_dtype(dtype: str, cpu: bool, precision: str = "auto") -> str:
+    """The dtype the engine's tiles compute in (attention_core.numerics.choose_numerics, shapes only): half
+    inputs compute in fp32 on the CPU under "auto" and always under "fp32"; bf16 -> fp16 under "fp16" (and under
+    "auto" on a GPU without bf16 hardware: the planner assumes fp16 there, whose overflow guard costs more)."""
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPE_BYTES)}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose from {', '.join(PRECISIONS)}")
+    if dtype == "fp32" or precision == "fp32" or (precision == "auto" and cpu):
+        return "fp32"
+    if dtype == "bf16" and precision == "input":
+        return "bf16"
+    return "fp16"
+
+
+def score_bytes(tier: str, compute: str) -> int:
+    """Transient bytes per score of one tile when the tiles compute in `compute` (memory.bytes_per_score without
+    mask or dropout; fp16 at 4 bytes: the overflow guard may recompute a tile in fp32)."""
+    isz = 4 if compute in ("fp16", "fp32") else 2
+    return {"chunked": 2 * isz, "inplace": isz, "online": isz + 2 * 4}[tier]
+
+
+def kv_copy_bytes(batch: int, heads: int, n: int, head_dim: int, dtype: str, compute: str, layout: str,
+                  all_heads: bool) -> int:
+    """K and V as the tiles read them (attention_core.tiles.TileSource): copied once per call (per head group)
+    in the compute dtype when they are not already contiguous heads in that dtype: ComfyUI's layout is a
+    transposed view of [B, N, H*D], a head group of a batch > 1 is a strided slice, and half inputs computed in
+    fp32 (the CPU default) are converted. `heads`: the kv heads of one head group."""
+    copied = layout == "comfyui" or compute != dtype or (batch > 1 and not all_heads)
+    return 2 * batch * heads * n * head_dim * DTYPE_BYTES[compute] if copied else 0
+
+
+def guard_bytes(batch: int, heads: int, n: int, head_dim: int, compute: str) -> int:
+    """fp16 tiles' overflow guard: the row-norm bound of K (then Q) of a head group reads an fp32 copy of it,
+    freed before the tiles run."""
+    return 4 * batch * heads * n * head_dim if compute == "fp16" else 0
+
+
 def math_bytes(bh: int, n: int, elem: int) -> int:
     """torch math SDPA: the score matrix and its softmax, both b*h x N x N."""
     return 2 * bh * n * n * elem
@@ -147,13 +190,14 @@ def comfy_split(bh: int, n: int, elem: int, free: int) -> dict:
     return {"steps": steps, "rows": rows, "bytes": 2 * bh * rows * n * elem}
 
 
-def pack_tile(tier: str, bh_kv: int, g: int, n: int, elem: int, budget: int, cpu: bool) -> Optional[dict]:
+def pack_tile(tier: str, bh_kv: int, g: int, n: int, elem: int, budget: int, cpu: bool,
+              per: Optional[int] = None) -> Optional[dict]:
     """The tile the pack's planner takes for `tier` within `budget` bytes: attention_core.memory.tile_for, the
     engine's own rule (about TARGET_TILE_ELEMS scores, all heads when that leaves >= PREF_ROWS rows each, else
     fewer heads); None when not even MIN_BLOCK rows fit."""
     from .memory import ONLINE_BLOCK_KV, tile_for
     kind = "cpu" if cpu else "other"
-    per = tier_bytes_per_score(tier, elem)
+    per = per or tier_bytes_per_score(tier, elem)
     bk = n if tier != "online" else min(n, ONLINE_BLOCK_KV[kind])
     t = tile_for(n, bh_kv, g, per, budget, bk, kind, shrink_kv=tier == "online")
     if t is None:
@@ -192,8 +236,13 @@ def detected_free() -> tuple:
 
 
 def estimate(model: str, width: int, height: int, frames: int, free: int, dtype_bytes: int = 2, batch: int = 1,
-             cpu: bool = False) -> dict:
-    """Everything the plan prints, as numbers (bytes): tokens, per-call memory of each method, FFN, advice."""
+             cpu: bool = False, dtype: Optional[str] = None, precision: str = "auto",
+             layout: str = "comfyui") -> dict:
+    """Everything the plan prints, as numbers (bytes): tokens, per-call memory of each method, FFN, advice.
+
+    dtype ("fp16", "bf16", "fp32"; default from dtype_bytes), precision (the engine's mode) and layout (how q/k/v
+    arrive: "comfyui" inside ComfyUI, "heads" contiguous [B, H, N, D]) decide the K/V copies each tier's total
+    counts on top of its tile."""
     from .memory import FREE_FRACTION
     if model not in MODELS:
         raise ValueError(f"attention_core.plan: unknown model {model!r}; choose from {', '.join(MODELS)}")
@@ -207,16 +256,29 @@ def estimate(model: str, width: int, height: int, frames: int, free: int, dtype_
     bh = batch * spec.heads
     e = dtype_bytes
     budget = int(free * FREE_FRACTION["cpu" if cpu else "other"])
+    dtype = dtype or ("fp32" if e == 4 else "fp16")
+    if layout not in LAYOUTS:
+        raise ValueError(f"attention_core.plan: unknown layout {layout!r}; choose from {', '.join(LAYOUTS)}")
+    compute = compute_dtype(dtype, cpu, precision)
     tiers = {}
     for t in TIERS:
-        tile = pack_tile(t, spec.heads, batch, n, e, budget, cpu)
+        tile = pack_tile(t, spec.heads, batch, n, e, budget, cpu, per=score_bytes(t, compute))
         tiers[t] = {"tile": tile, "floor": pack_floor(t, n, e)}
+        if tile is not None:  # what the call holds beyond q, k, v and the output: K/V copies + tile (or guard)
+            h = tile["heads"]
+            copies = kv_copy_bytes(batch, h, n, spec.head_dim, dtype, compute, layout, h >= spec.heads)
+            # a head-split call runs each group into its own output (and fp32 row statistics), then copies it over
+            group = 0 if h >= spec.heads else batch * h * n * (spec.head_dim * DTYPE_BYTES[dtype] + 2 * 4)
+            tiers[t].update(copies=copies, group_out=group,
+                            total=copies + group + max(tile["bytes"], guard_bytes(batch, h, n, spec.head_dim,
+                                                                                  compute)))
     auto = next((t for t in TIERS if tiers[t]["tile"] is not None), None)
     chunks = ffn_auto_chunks(batch, n, spec.ffn, e, free)
     return {
         "model": spec, "width": width, "height": height, "frames": frames, "latent": latent_shape(spec, width, height,
                                                                                                   frames),
         "tokens": n, "batch": batch, "dtype_bytes": e, "free": free, "budget": budget,
+        "dtype": dtype, "precision": precision, "layout": layout, "compute": compute,
         "scores": bh * n * n * e,
         "math": math_bytes(bh, n, e),
         "subquad": comfy_subquad(bh, n, e, free),
@@ -245,6 +307,8 @@ def report(est: dict) -> str:
            f"free {_gb(free)})",
            f"  latent {lf} x {lh} x {lw} (VAE {s.vae[0]}x{s.vae[1]}x{s.vae[2]}), patch "
            f"{s.patch[0]}x{s.patch[1]}x{s.patch[2]} -> {n:,} video tokens; {s.heads} heads x {s.head_dim}",
+           f"  q, k, v in {'ComfyUI' if est['layout'] == 'comfyui' else 'contiguous heads'} layout; "
+           f"tiles compute in {est['compute']} (precision {est['precision']})",
            "", "  memory of one self-attention call (transient, beyond q, k, v and the output):",
            f"    score matrix itself          {_gb(est['scores'])}",
            f"    torch math SDPA              {_gb(est['math'])}"
@@ -265,6 +329,11 @@ def report(est: dict) -> str:
         shown = (f"{_gb(tile['bytes'])}   ({tile['heads']} head(s) x {tile['rows']} rows x {tile['keys']} keys; "
                  f"least it can run with: {_gb(floor)})") if tile else f"does not fit (needs {_gb(floor)})"
         out.append(f"    this pack: {t:<8}          {shown}")
+        if tile and est["tiers"][t]["total"] != tile["bytes"]:
+            tt = est["tiers"][t]
+            extra = f" + a head group's output {_gb(tt['group_out'])}" if tt["group_out"] else ""
+            out.append(f"      + K/V copies {_gb(tt['copies'])} ({est['compute']}, {tile['heads']} head(s)){extra} "
+                       f"-> {_gb(tt['total'])} in all")
     out += ["", "  feed-forward hidden activation (per block call):",
             f"    unchunked                    {_gb(est['ffn_full'])}   ({n:,} tokens x {s.ffn:,} x 2)",
             f"    FFN Chunking (auto)          {_gb(est['ffn_chunked'])}   ({est['ffn_chunks']} chunk(s))",
@@ -275,7 +344,8 @@ def report(est: dict) -> str:
     else:
         tile = est["tiers"][est["auto_tier"]]["tile"]
         out.append(f"    Patch Attention mode auto, memory_budget_mb 0 (auto picks '{est['auto_tier']}', tile "
-                   f"{_gb(tile['bytes'])} of a {_gb(est['budget'])} budget); FFN Chunking chunks 0 "
+                   f"{_gb(tile['bytes'])} of a {_gb(est['budget'])} budget, "
+                   f"{_gb(est['tiers'][est['auto_tier']]['total'])} in all); FFN Chunking chunks 0 "
                    f"({est['ffn_chunks']} at this free memory)")
         if est["math"] > free:
             out.append(f"    without the pack: math SDPA needs {_gb(est['math'])} > {_gb(free)} free; "
@@ -285,6 +355,21 @@ def report(est: dict) -> str:
             out.append(f"    but q, k, v and o of one call alone take {_gb(est['qkvo'])} > {_gb(free)} free: the model "
                        "cannot run at this size in this memory (fewer frames, lower resolution, or free memory)")
     return "\n".join(out)
+
+
+def time_report(est: dict, calibration: Optional[str] = None, steps=None, cpu: bool = False,
+                device: Optional[str] = None) -> str:
+    """The time section (attention_core.estimate.report) for `est`, from the calibration file `calibration` or
+    the one of `device` (default: the first GPU, else the CPU; --cpu: the CPU) in the tiles' compute dtype."""
+    from . import calibration as cal_file, estimate as est_mod
+    if calibration is None:
+        if device is None:
+            import torch
+            device = "cuda" if torch.cuda.is_available() and not cpu else "cpu"
+        calibration = cal_file.calibration_path(device, compute_dtype(est["dtype"], device == "cpu",
+                                                                       est["precision"]))
+    return est_mod.report(est["model"], est["width"], est["height"], est["frames"], cal_file.load(calibration),
+                          calibration, steps, est["batch"], tokens)
 
 
 def main(argv=None) -> int:
@@ -300,19 +385,39 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=cli_args.int_range(1, MAX_BATCH), default=1,
                     help=f"batch items per call (CFG without batching: 1), up to {MAX_BATCH}")
     ap.add_argument("--cpu", action="store_true", help="plan tiles by the CPU rules instead of the GPU ones")
+    ap.add_argument("--precision", choices=PRECISIONS, default="auto",
+                    help="the engine's precision mode (Patch Attention's half_precision keep = auto)")
+    ap.add_argument("--layout", choices=LAYOUTS, default="comfyui",
+                    help="q/k/v as ComfyUI hands them (default) or contiguous [B, H, N, D] heads")
+    ap.add_argument("--steps", default=None,
+                    help="sampling steps per stage, comma-separated (default: the bundled workflows': wan 20, "
+                         "ltx23 20,3)")
+    ap.add_argument("--calibration", type=cli_args.existing_file, default=None,
+                    help="calibration file for the time estimate (default: this device's, from "
+                         "python -m attention_core.calibrate)")
     a = ap.parse_args(argv)
     spec = MODELS[a.model]
     for flag, value, least in zip(("--width", "--height"), (a.width, a.height), min_size(spec)):
         if value < least:
             cli_args.fail(ap, flag, f"{spec.title} needs at least {least} pixels (its VAE compresses {least} "
                                     f"pixels into one latent, so fewer give no video tokens), got {value}")
+    from .estimate import STAGES
+    try:
+        steps = None if a.steps is None else [int(x) for x in a.steps.split(",")]
+        if steps is not None and (len(steps) != len(STAGES[a.model]) or min(steps) < 1 or max(steps) > 10000):
+            raise ValueError
+    except ValueError:
+        cli_args.fail(ap, "--steps", f"give {len(STAGES[a.model])} comma-separated step count(s) from 1 to 10000 "
+                                     f"for {a.model} ({', '.join(st.name for st in STAGES[a.model])}), got {a.steps!r}")
     if a.free_gb is not None:
         free, where = int(a.free_gb * GB), "given"
     else:
         free, where = detected_free()
-    est = estimate(a.model, a.width, a.height, a.frames, free, 4 if a.dtype == "fp32" else 2, a.batch, a.cpu)
+    est = estimate(a.model, a.width, a.height, a.frames, free, 4 if a.dtype == "fp32" else 2, a.batch, a.cpu,
+                   dtype=a.dtype, precision=a.precision, layout=a.layout)
     print(report(est))
     print(f"\n  (free memory: {where}; numbers per attention call and per batch item x {a.batch})")
+    print("\n" + time_report(est, a.calibration, steps, cpu=a.cpu))
     return 0
 
 

@@ -1,5 +1,6 @@
 """Attention Fit: will a video fit? Tokens, per-call attention and FFN memory, and the settings to use, for a
-model family, resolution and frame count (the numbers of `python -m attention_core.plan`)."""
+model family, resolution and frame count (the numbers of `python -m attention_core.plan`),
+and the time per step and for the run from this device's calibration (attention_core.estimate)."""
 from __future__ import annotations
 
 from ..attention_core import plan
@@ -10,6 +11,12 @@ def free_memory_here() -> int:
     """Bytes free on ComfyUI's torch device (its own accounting), for the 'free_gb = 0' default."""
     import comfy.model_management as mm
     return int(mm.get_free_memory(mm.get_torch_device()))
+
+
+def device_here() -> str:
+    """ComfyUI's torch device as a string ("cpu", "cuda:0"): its tile rules and its calibration file."""
+    import comfy.model_management as mm
+    return str(mm.get_torch_device())
 
 
 class AttentionFit(io.ComfyNode):
@@ -45,6 +52,8 @@ class AttentionFit(io.ComfyNode):
     @classmethod
     def execute(cls, model, width, height, frames, dtype, free_gb) -> io.NodeOutput:
         free = int(free_gb * plan.GB) if free_gb > 0 else free_memory_here()
-        est = plan.estimate(model, width, height, frames, free, 4 if dtype == "fp32" else 2)
-        text = plan.report(est)
+        device = device_here()
+        est = plan.estimate(model, width, height, frames, free, 4 if dtype == "fp32" else 2, cpu=device == "cpu",
+                            dtype=dtype)
+        text = plan.report(est) + "\n\n" + plan.time_report(est, device=device)
         return io.NodeOutput(text, ui={"text": [text]})

@@ -1,0 +1,139 @@
+"""Device calibration: measured throughput of what a DiT sampling step does, for attention_core.estimate.
+
+    python -m attention_core.calibrate [--device cpu] [--dtype fp32] [--model wan22-5b] [--comfyui PATH]
+
+Measures on this device and dtype (each the best of a few runs, well under a minute on a CPU):
+  pack      the engine's attention (tier auto, the pack's recommended setting) at a few token counts
+  subquad   ComfyUI's sub-quadratic attention (its default without xformers / pytorch attention), same shapes
+  math      torch's math SDPA at the shapes whose score matrix fits comfortably
+  gemm      dense GEMMs at the model's linear-layer shapes (width x width, width x FFN width)
+and stores FLOP rates (GFLOP/s; attention FLOPs = 4 * heads * N^2 * head_dim) in calibration-<device>.json
+next to the tile profiles (attention_core.profiles.profile_dir), with the date and the device name.
+The file's rules (validated on load, atomic writes) are in attention_core.calibration.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import sys
+import time
+from typing import Optional
+
+from . import plan
+from .calibration import VERSION, calibration_path, save
+
+TOKENS = (1024, 2048, 4096)
+HEADS = 8          # calibration heads (rates are per FLOP; 24 heads would only make it slower to measure)
+GEMM_ROWS = 512    # token rows of the calibration GEMMs
+MATH_MAX_SCORES = 1 << 26
+
+
+# ------------------------------------------------------------------------------------------- measuring
+def _best(fn, repeats: int) -> float:
+    fn()  # warm-up (allocations, first-call dispatch)
+    best = math.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def attention_flops(heads: int, n: int, head_dim: int, keys: Optional[int] = None) -> float:
+    """QK^T and PV of one batch item: 2 GEMMs of 2 * heads * N * keys * head_dim FLOPs each."""
+    return 4.0 * heads * n * (keys or n) * head_dim
+
+
+def measure(device: str = "cpu", dtype: str = "fp32", model: str = "wan22-5b", tokens=TOKENS,
+            comfyui: Optional[str] = None, repeats: int = 2) -> dict:
+    """Measure the rates (see the module doc) and return the calibration dict (not saved)."""
+    import torch
+
+    from .profiles import _device_name
+    from .sdpa import scaled_dot_product_attention
+    td = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+    dev = torch.device(device)
+    spec = plan.MODELS[model]
+    d = spec.head_dim
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    subquad = None
+    if comfyui:
+        from .bench import _comfy_attention
+        subquad = _comfy_attention(comfyui, "comfy-subquad")
+    att = {"pack": [], "subquad": [], "math": []}
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for n in tokens:
+            q, k, v = (torch.randn(1, HEADS, n, d, generator=g).to(dev, td) for _ in range(3))
+            fl = attention_flops(HEADS, n, d)
+
+            def pack():
+                scaled_dot_product_attention(q, k, v)
+                sync()
+            att["pack"].append({"tokens": n, "heads": HEADS, "head_dim": d, "gflops": fl / _best(pack, repeats) / 1e9})
+            if subquad is not None:  # ComfyUI's layout: [B, N, H*D]
+                qc, kc, vc = (t.transpose(1, 2).reshape(1, n, HEADS * d) for t in (q, k, v))
+
+                def sq():
+                    subquad(qc, kc, vc, HEADS)
+                    sync()
+                att["subquad"].append({"tokens": n, "heads": HEADS, "head_dim": d,
+                                       "gflops": fl / _best(sq, repeats) / 1e9})
+            if HEADS * n * n <= MATH_MAX_SCORES:
+                def mth():
+                    torch.nn.functional.scaled_dot_product_attention(q, k, v)
+                    sync()
+                att["math"].append({"tokens": n, "heads": HEADS, "head_dim": d,
+                                    "gflops": fl / _best(mth, repeats) / 1e9})
+            del q, k, v
+        gemm = []
+        x = torch.randn(GEMM_ROWS, spec.width, generator=g).to(dev, td)
+        for out_w in (spec.width, spec.ffn):
+            w = torch.randn(out_w, spec.width, generator=g).to(dev, td)
+
+            def mm():
+                torch.nn.functional.linear(x, w)
+                sync()
+            fl = 2.0 * GEMM_ROWS * spec.width * out_w
+            gemm.append({"m": GEMM_ROWS, "k": spec.width, "n": out_w, "gflops": fl / _best(mm, repeats) / 1e9})
+    name, arch = _device_name(device)
+    return {"version": VERSION, "device": f"{name} ({arch})", "dtype": dtype, "model": model,
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "attention": {k: v for k, v in att.items() if v}, "gemm": gemm}
+
+
+def main(argv=None) -> int:
+    from . import cli_args
+    ap = cli_args.Parser(prog="python -m attention_core.calibrate", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", type=cli_args.device, default="cpu", help="torch device to measure (cpu, cuda, cuda:1)")
+    ap.add_argument("--dtype", choices=["fp16", "bf16", "fp32"], default=None,
+                    help="dtype to measure (default: fp32 on the CPU, fp16 on a GPU)")
+    ap.add_argument("--model", choices=sorted(plan.MODELS),
+                    default="wan22-5b", help="whose linear-layer shapes and head dim to measure")
+    ap.add_argument("--comfyui", type=cli_args.comfyui_folder, default=None, help="ComfyUI folder for its sub-quadratic attention (default: "
+                    "$COMFYUI_LATEST_PATH, $COMFYUI_PATH, else the one ./dev set up; none: skipped)")
+    ap.add_argument("--out", type=cli_args.output_file, default=None, help="file to write (default: in the profile folder)")
+    a = ap.parse_args(argv)
+    dtype = a.dtype or ("fp32" if a.device == "cpu" else "fp16")
+    from .bench import default_comfyui
+    comfyui = a.comfyui or default_comfyui()
+    try:
+        data = measure(a.device, dtype, a.model, comfyui=comfyui)
+    except (RuntimeError, ValueError) as e:
+        print(f"error: --device {a.device} --dtype {dtype}: {e}", file=sys.stderr)
+        return 2
+    path = save(data, a.out or calibration_path(a.device, dtype))
+    print(f"calibration of {data['device']}, {dtype}, {data['date']} -> {path}")
+    for kind, rows in data["attention"].items():
+        print(f"  attention {kind:<8} " + ", ".join(f"N {r['tokens']}: {r['gflops']:.1f}" for r in rows) + " GFLOP/s")
+    print("  GEMM               " + ", ".join(f"{r['m']}x{r['k']}x{r['n']}: {r['gflops']:.1f}" for r in data["gemm"])
+          + " GFLOP/s")
+    if not comfyui:
+        print("  (ComfyUI not found: sub-quadratic not measured; pass --comfyui PATH)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""The calibration file of attention_core.calibrate: where it lives, validation on load, atomic writes.
+
+Untrusted input (a file on the user's disk): `load` validates it and treats a bad one as absent, with one warning
+naming the file; `save` writes a unique temporary file (tempfile.mkstemp) in the same folder and renames it over
+the old one (os.replace), so readers and other writers never see a partial file. No torch import here.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import tempfile
+from typing import Optional
+
+log = logging.getLogger(__name__)
+VERSION = 1
+KINDS = ("pack", "subquad", "math")
+
+
+def calibration_path(device: str = "cpu", dtype: str = "fp32") -> str:
+    """<profile dir>/calibration-<device name>-<dtype>.json (profiles.profile_dir decides the folder)."""
+    from .profiles import _device_name, profile_dir
+    name, arch = _device_name(device)
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", f"{name}-{arch}").strip("-").lower()[:80] or "device"
+    return os.path.join(profile_dir(), f"calibration-{slug}-{dtype}.json")
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def validate(data) -> Optional[str]:
+    """None when `data` is a usable calibration, else what is wrong with it."""
+    if not isinstance(data, dict):
+        return "not a JSON object"
+    if data.get("version") != VERSION:
+        return f"version {data.get('version')!r} is not {VERSION}"
+    for key in ("device", "date", "dtype"):
+        if not isinstance(data.get(key), str) or not data[key]:
+            return f"'{key}' is missing or not a string"
+    att = data.get("attention")
+    if not isinstance(att, dict) or not isinstance(att.get("pack"), list) or not att["pack"]:
+        return "'attention' has no 'pack' measurements"
+    for kind, rows in att.items():
+        if kind not in KINDS or not isinstance(rows, list):
+            return f"attention kind {kind!r} is unknown or not a list"
+        for r in rows:
+            if not (isinstance(r, dict) and all(_positive(r.get(k)) for k in ("tokens", "gflops"))):
+                return f"an attention entry of {kind!r} needs positive 'tokens' and 'gflops': {r!r}"
+    gemm = data.get("gemm")
+    if not (isinstance(gemm, list) and gemm and all(isinstance(r, dict) and _positive(r.get("gflops"))
+                                                     for r in gemm)):
+        return "'gemm' needs a list of entries with positive 'gflops'"
+    return None
+
+
+def load(path: str) -> Optional[dict]:
+    """The calibration at `path`, or None when there is none or it is unusable (one warning naming the file)."""
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        log.warning("tiled attention: ignoring the calibration %s: unreadable (%s); run python -m "
+                    "attention_core.calibrate again", path, e)
+        return None
+    bad = validate(data)
+    if bad:
+        log.warning("tiled attention: ignoring the calibration %s: %s; run python -m attention_core.calibrate "
+                    "again", path, bad)
+        return None
+    return data
+
+
+def save(data: dict, path: str) -> str:
+    """Write atomically: a unique temporary file in the same folder, then os.replace over `path`."""
+    bad = validate(data)
+    if bad:
+        raise ValueError(f"not saving an invalid calibration to {path}: {bad}")
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".calibration-", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path

@@ -1,0 +1,162 @@
+"""attention_core.estimate (time per step from FLOPs and a calibration) and attention_core.calibrate's file rules.
+
+FLOPs per layer are checked against a hand count from each architecture; the time arithmetic against a
+calibration with round rates; the stages against the bundled workflows; the calibration file as untrusted input.
+"""
+import json
+import logging
+import os
+import threading
+
+import pytest
+
+from attention_core import calibration as calibrate, estimate, plan
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_wan22_5b_flops_per_layer_hand_count():
+    # Wan 2.2 TI2V 5B at 832x480, 41 frames: 11 x 15 x 26 = 4,290 tokens; width 3072 (24 x 128), FFN 14336,
+    # 512 T5 text tokens (comfy/ldm/wan/model.py WanAttentionBlock: q, k, v, o Linear(3072, 3072); cross-attention
+    # q, o over the video, k, v over the text; ffn Linear(3072, 14336), GELU, Linear(14336, 3072))
+    fl = estimate.layer_flops(plan.MODELS["wan22-5b"], 4290)
+    assert fl["self_proj"] == 4 * 2 * 4290 * 3072 * 3072            # 323.9 GFLOP
+    assert fl["cross_proj"] == 2 * 2 * 4290 * 3072 * 3072 + 2 * 2 * 512 * 3072 * 3072
+    assert fl["ffn"] == 2 * 2 * 4290 * 3072 * 14336                  # 755.7 GFLOP
+    assert fl["self_attn"] == 2 * 2 * 4290 * 4290 * 3072              # QK^T and PV over 24 heads of 128: 226.2 GFLOP
+    assert fl["cross_attn"] == 2 * 2 * 4290 * 512 * 3072
+    assert round(sum(fl.values()) / 1e9) == 1514  # 323.9 + 181.3 + 755.7 + 226.1 + 27.0
+
+
+def test_ltx23_flops_per_layer_hand_count():
+    # LTX-2.3 22B video stream at 1280x704, 129 frames: 17 x 22 x 40 = 14,960 tokens; width 4096 (32 x 128),
+    # FeedForward mult 4 (16384), 1024 text tokens
+    fl = estimate.layer_flops(plan.MODELS["ltx23-22b"], 14960)
+    assert fl["self_proj"] == 8 * 14960 * 4096 ** 2
+    assert fl["cross_proj"] == 4 * 14960 * 4096 ** 2 + 4 * 1024 * 4096 ** 2
+    assert fl["ffn"] == 4 * 14960 * 4096 * 16384
+    assert fl["self_attn"] == 4 * 14960 ** 2 * 4096
+    assert fl["cross_attn"] == 4 * 14960 * 1024 * 4096
+
+
+def _calib(pack=100.0, subquad=50.0, gemm=200.0):
+    return {"version": 1, "device": "test device", "dtype": "fp32", "date": "2026-12-01 12:00 UTC",
+            "attention": {"pack": [{"tokens": 1024, "gflops": pack}, {"tokens": 4096, "gflops": pack}],
+                          "subquad": [{"tokens": 1024, "gflops": subquad}, {"tokens": 4096, "gflops": subquad}]},
+            "gemm": [{"m": 512, "k": 3072, "n": 3072, "gflops": gemm}, {"m": 512, "k": 3072, "n": 14336,
+                                                                           "gflops": gemm}]}
+
+
+def test_step_time_is_flops_over_rates():
+    spec = plan.MODELS["wan22-5b"]
+    fl = estimate.layer_flops(spec, 4290)
+    att = fl["self_attn"] + fl["cross_attn"]
+    rest = fl["self_proj"] + fl["cross_proj"] + fl["ffn"]
+    t = estimate.step_time(spec, 4290, _calib(), "pack", batch=2)
+    assert t["attention"] == pytest.approx(30 * 2 * att / 100e9)
+    assert t["rest"] == pytest.approx(30 * 2 * rest / 200e9)
+    sq = estimate.step_time(spec, 4290, _calib(), "subquad", batch=2, blocks=1)
+    assert sq["attention"] == pytest.approx(2 * att / 50e9) and sq["rest"] == pytest.approx(2 * rest / 200e9)
+    assert estimate.step_time(spec, 4290, {**_calib(), "attention": {"pack": [{"tokens": 1, "gflops": 1}]}},
+                              "subquad") is None
+
+
+def test_rates_interpolate_log_log():
+    rows = [{"tokens": 1024, "gflops": 10.0}, {"tokens": 4096, "gflops": 40.0}]
+    assert estimate._interp(rows, 2048) == pytest.approx(20.0)
+    assert estimate._interp(rows, 100) == 10.0 and estimate._interp(rows, 30000) == 40.0
+
+
+def _nodes(name):
+    with open(os.path.join(ROOT, "workflows", name)) as f:
+        return {n["type"]: n.get("widgets_values") for n in json.load(f)["nodes"]}
+
+
+def test_stages_follow_the_bundled_workflows():
+    for name in ("wan22_5b_t2v_480p.json", "wan22_5b_t2v_720p.json", "wan22_5b_i2v_480p.json"):
+        ks = _nodes(name)["KSampler"]
+        (st,) = estimate.STAGES["wan22-5b"]
+        assert (st.steps, st.cfg_batch) == (ks[2], 2 if ks[3] != 1.0 else 1)
+    with open(os.path.join(ROOT, "workflows", "ltx23_22b_t2v_av_1080p.json")) as f:
+        nodes = json.load(f)["nodes"]
+    guiders = [n["widgets_values"][0] for n in nodes if n["type"] == "CFGGuider"]
+    sched = next(n["widgets_values"] for n in nodes if n["type"] == "LTXVScheduler")
+    sigmas = next(n["widgets_values"][0] for n in nodes if n["type"] == "ManualSigmas").split(",")
+    empty = next(n["widgets_values"] for n in nodes if n["type"] == "EmptyLTXVLatentVideo")
+    s1, s2 = estimate.STAGES["ltx23-22b"]
+    assert (s1.steps, s1.cfg_batch, s2.steps, s2.cfg_batch) == (sched[0], 2, len(sigmas) - 1, 1)
+    assert guiders == [4.0, 1.0]
+    assert (int(1920 * s1.scale), int(1088 * s1.scale)) == (empty[0], empty[1])  # 960 x 544, then the x2 upsampler
+
+
+def test_run_time_sums_the_stages():
+    rt = estimate.run_time(plan.MODELS["ltx23-22b"], 1920, 1088, 129, _calib(), plan.tokens)
+    s1, s2 = rt["stages"]
+    assert (s1["tokens"], s2["tokens"]) == (30 * 17 * 17, 60 * 34 * 17)
+    expect = 20 * s1["per_step"]["pack"]["total"] + 3 * s2["per_step"]["pack"]["total"]
+    assert rt["totals"]["pack"] == pytest.approx(expect)
+    assert s2["per_step"]["pack"]["total"] == pytest.approx(
+        estimate.step_time(plan.MODELS["ltx23-22b"], 34680, _calib(), "pack", batch=1)["total"])
+    with pytest.raises(ValueError, match="2 stage"):
+        estimate.run_time(plan.MODELS["ltx23-22b"], 1920, 1088, 129, _calib(), plan.tokens, steps=[20])
+
+
+def test_report_without_and_with_a_calibration():
+    text = estimate.report(plan.MODELS["wan22-5b"], 832, 480, 41, None, "/x/calibration.json")
+    assert "no calibration" in text and "python -m attention_core.calibrate" in text and "s a step" not in text
+    text = estimate.report(plan.MODELS["wan22-5b"], 832, 480, 41, _calib(), tokens=plan.tokens)
+    assert "test device" in text and "2026-12-01" in text and "4,290 tokens" in text
+    assert "this pack (auto)" in text and "ComfyUI sub-quadratic" in text and "whole run" in text
+
+
+def test_plan_cli_prints_the_time(tmp_path, capsys):
+    path = str(tmp_path / "cal.json")
+    calibrate.save(_calib(), path)
+    args = ["--model", "wan22-5b", "--width", "832", "--height", "480", "--frames", "41", "--free-gb", "16"]
+    assert plan.main(args + ["--calibration", path, "--steps", "10"]) == 0
+    out = capsys.readouterr().out
+    assert "10 steps" in out and "test device" in out and "a step (attention" in out
+    assert plan.main(args + ["--calibration", str(tmp_path / "none.json")]) == 0
+    assert "no calibration" in capsys.readouterr().out
+    assert plan.main(args + ["--steps", "20,3"]) == 2
+    assert capsys.readouterr().err.startswith("error: --steps")
+
+
+@pytest.mark.parametrize("content", ["{not json", "[]", '{"version": 1}', json.dumps({**_calib(), "gemm": []}),
+                                     json.dumps({**_calib(), "attention": {"pack": [{"tokens": 0, "gflops": 5}]}}),
+                                     json.dumps({**_calib(), "attention": {"pack": [{"tokens": 9, "gflops": "x"}]}}),
+                                     json.dumps({**_calib(), "date": 5})])
+def test_bad_calibration_is_absent_with_one_warning(tmp_path, caplog, content):
+    path = tmp_path / "calibration.json"
+    path.write_text(content)
+    with caplog.at_level(logging.WARNING):
+        assert calibrate.load(str(path)) is None
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and str(path) in warnings[0].getMessage()
+
+
+def test_concurrent_writers_never_show_a_broken_file(tmp_path):
+    path = str(tmp_path / "calibration.json")
+    calibrate.save(_calib(), path)
+    errors = []
+
+    def write(i):
+        try:
+            for _ in range(40):
+                calibrate.save(_calib(pack=float(i + 1)), path)
+        except Exception as e:  # noqa: BLE001 - collected for the assertion
+            errors.append(e)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    seen = 0
+    while any(t.is_alive() for t in threads):
+        assert calibrate.load(path) is not None
+        seen += 1
+    for t in threads:
+        t.join()
+    assert not errors and seen
+    assert [p for p in os.listdir(tmp_path) if p != "calibration.json"] == []  # no temporary files left
+    with pytest.raises(ValueError, match="invalid calibration"):
+        calibrate.save({"version": 1}, path)

@@ -1,0 +1,150 @@
+"""Predicted vs measured seconds per sampling step: attention_core.estimate against real-width Wan 2.2 5B blocks.
+
+    python -m tools.predict_step [--blocks 2] [--tokens 4290] [--calibration FILE] [--device cpu] [--log FILE]
+
+Builds `--blocks` real-width Wan 2.2 TI2V 5B DiT blocks in plain torch (width 3072 = 24 heads x 128, FFN 14336,
+the block layout of comfy/ldm/wan/model.py: modulated LayerNorm, self-attention with RMS-normed q/k, cross-attention
+over 512 text tokens, GELU feed-forward; random weights, no RoPE) and runs one step's forward (batch 2: CFG) with
+each attention: this pack's (attention_core, tier auto, q/k/v in ComfyUI's layout as the node hands them) and
+ComfyUI's sub-quadratic (comfy.ldm.modules.attention.attention_sub_quad). The time of the first k blocks is the
+step time of a k-block model (the demo's `--blocks k`, without its embedding and head). The prediction comes from a
+calibration made in the same process just before (or `--calibration FILE`), so both see the same machine load.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from attention_core import calibrate, calibration, estimate, plan
+
+
+class WanBlock(torch.nn.Module):
+    """One Wan 2.2 5B DiT block at real width (comfy/ldm/wan/model.py WanAttentionBlock, t2v cross-attention)."""
+
+    def __init__(self, dim=3072, ffn=14336, heads=24):
+        super().__init__()
+        self.heads = heads
+        lin = torch.nn.Linear
+        self.q, self.k, self.v, self.o = (lin(dim, dim) for _ in range(4))
+        self.cq, self.ck, self.cv, self.co = (lin(dim, dim) for _ in range(4))
+        self.nq, self.nk, self.cnq, self.cnk = (torch.nn.RMSNorm(dim, eps=1e-6) for _ in range(4))
+        self.norm1, self.norm2 = (torch.nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6) for _ in range(2))
+        self.norm3 = torch.nn.LayerNorm(dim, eps=1e-6)
+        self.ffn1, self.ffn2 = lin(dim, ffn), lin(ffn, dim)
+        self.modulation = torch.nn.Parameter(torch.randn(1, 6, dim) / dim ** 0.5)
+        for m in self.modules():
+            if isinstance(m, torch.nn.Linear):
+                torch.nn.init.normal_(m.weight, std=m.in_features ** -0.5)
+
+    def forward(self, x, context, e, attention):
+        e = (self.modulation + e).chunk(6, dim=1)
+        y = self.norm1(x) * (1 + e[1]) + e[0]
+        y = attention(self.nq(self.q(y)), self.nk(self.k(y)), self.v(y), self.heads)
+        x = x + self.o(y) * e[2]
+        y = self.norm3(x)
+        y = attention(self.cnq(self.cq(y)), self.cnk(self.ck(context)), self.cv(context), self.heads)
+        x = x + self.co(y)
+        y = self.norm2(x) * (1 + e[4]) + e[3]
+        return x + self.ffn2(F.gelu(self.ffn1(y), approximate="tanh")) * e[5]
+
+
+def pack_attention(q, k, v, heads):
+    """As nodes/comfy_adapter.py runs the engine: [B, N, H*D] viewed as heads, output back to [B, N, H*D]."""
+    from attention_core.sdpa import scaled_dot_product_attention
+    b, n, c = q.shape
+    d = c // heads
+    q, k, v = (t.reshape(b, -1, heads, d).transpose(1, 2) for t in (q, k, v))
+    return scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, c)
+
+
+def measure(blocks, tokens, attention, device, text=512, batch=2):
+    """Seconds of each block's forward (one step of a `batch`-item CFG pass)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, tokens, 3072, generator=g).to(device)
+    ctx = torch.randn(batch, text, 3072, generator=g).to(device)
+    e = torch.randn(batch, 6, 3072, generator=g).to(device) * 0.1
+    times = []
+    with torch.no_grad():
+        for blk in blocks:
+            t0 = time.perf_counter()
+            x = blk(x, ctx, e, attention)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.predict_step", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--blocks", type=int, default=2)
+    ap.add_argument("--tokens", type=int, default=4290, help="video tokens (4,290: Wan 2.2 5B at 832x480, 41 frames)")
+    ap.add_argument("--calibration", default=None, help="calibration file (default: calibrate now, not saved)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--batch", type=int, default=2, help="batch items a step (2: CFG; 1: one half, on a busy CPU)")
+    ap.add_argument("--methods", default="pack,subquad", help="comma-separated: pack, subquad")
+    ap.add_argument("--repeats", type=int, default=2, help="calibration runs per shape after a warm-up (best kept)")
+    ap.add_argument("--log", default=None, help="append the table (markdown) to this file")
+    a = ap.parse_args(argv)
+    if min(a.blocks, a.tokens, a.batch) < 1:
+        print("error: --blocks, --tokens and --batch must be >= 1", file=sys.stderr)
+        return 2
+    methods = a.methods.split(",")
+    if not set(methods) <= set(estimate.METHODS):
+        print(f"error: --methods {a.methods!r}: choose from {', '.join(estimate.METHODS)}", file=sys.stderr)
+        return 2
+    from attention_core.bench import _comfy_attention, default_comfyui
+    comfyui = default_comfyui()
+    if "subquad" in methods and not comfyui:
+        print("error: --methods subquad needs ComfyUI: set COMFYUI_PATH (or run ./dev setup)", file=sys.stderr)
+        return 2
+    device = torch.device(a.device)
+    load0 = os.getloadavg()
+    t0 = time.perf_counter()
+    if a.calibration:
+        calib = calibration.load(a.calibration)
+        if calib is None:
+            print(f"error: --calibration {a.calibration}: missing or invalid", file=sys.stderr)
+            return 2
+    else:
+        calib = calibrate.measure(a.device, "fp32", "wan22-5b", comfyui=comfyui if "subquad" in methods else None,
+                                  repeats=a.repeats)
+    cal_s = time.perf_counter() - t0
+    torch.manual_seed(0)
+    blocks = [WanBlock().to(device) for _ in range(a.blocks)]
+    attn = {"pack": pack_attention}
+    if "subquad" in methods:
+        attn["subquad"] = _comfy_attention(comfyui, "comfy-subquad")
+    spec = plan.MODELS["wan22-5b"]
+    rows = []
+    measured = {m: measure(blocks, a.tokens, attn[m], device, batch=a.batch) for m in methods}
+    load1 = os.getloadavg()
+    for k in range(1, a.blocks + 1):
+        for m in methods:
+            pred = estimate.step_time(spec, a.tokens, calib, m, batch=a.batch, blocks=k)
+            meas = sum(measured[m][:k])
+            rows.append((k, m, pred["total"], pred["attention"], meas, pred["total"] / meas - 1))
+    head = (f"real-width Wan 2.2 5B blocks, {a.tokens:,} tokens, batch {a.batch}{' (CFG)' if a.batch == 2 else ''}, fp32, {calib['device']}, torch "
+            f"{torch.__version__}, {torch.get_num_threads()} threads, "
+            f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}; calibration {calib['date']} "
+            f"({cal_s:.0f} s); load average {load0[0]:.1f} before, {load1[0]:.1f} after")
+    lines = [head, "", "| blocks | attention | predicted s/step (attention) | measured s/step | predicted / measured - 1 |",
+             "|---|---|---|---|---|"]
+    for k, m, p, pa, me, err in rows:
+        lines.append(f"| {k} | {estimate.METHODS[m]} | {p:.1f} ({pa:.1f}) | {me:.1f} | {err:+.0%} |")
+    text = "\n".join(lines)
+    print(text)
+    if a.log:
+        with open(a.log, "a") as f:
+            f.write(text + "\n\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
