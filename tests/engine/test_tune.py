@@ -138,3 +138,143 @@ def test_auto_runs_the_profiles_tile_within_the_budget(profdir, monkeypatch):
     monkeypatch.setenv(profiles.ENV_SWITCH, "off")
     scaled_dot_product_attention(q, k, v, memory_budget=1 << 30)
     assert seen and all(s != (2, 32, 256) for s in seen)
+
+
+# ------------------------------------------------------------------ profiles are untrusted input (issue 17.3/17.8)
+def _write_raw(text):
+    path = profiles.profile_path("cpu")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def _small_problem(seed=3):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, 4, 256, 32, generator=g) for _ in range(3))
+    return q, k, v, math_sdpa(q.double(), k.double(), v.double())
+
+
+@pytest.mark.parametrize("bad", [dict(tier="online", block_q=-5, block_kv=64), dict(tier="online", block_q=0),
+                                 dict(tier="online", block_kv=0), dict(tier="online", block_kv=-64),
+                                 dict(block_q=-128), dict(heads_per_group=-2), dict(heads_per_group=0)])
+def test_a_zero_or_negative_tile_never_computes_garbage(profdir, caplog, bad):
+    """The tuned tile of an online entry with block_q = -5 ran no query tile at all: the output was the
+    uninitialised buffer (off by ~1e37); block sizes of 0 crashed. Such entries are dropped with one warning,
+    and the call is torch's attention."""
+    path = write([entry(heads=4, dim=32, n=256, **bad)])
+    q, k, v, ref = _small_problem()
+    from attention_core import scaled_dot_product_attention
+    with caplog.at_level("WARNING"):
+        for budget in (8 << 10, 1 << 30):  # 8 KB: only online tiles fit; 1 GB: the chunked tier
+            out = scaled_dot_product_attention(q, k, v, memory_budget=budget)
+            assert (out.double() - ref).abs().max() < 1e-5, (bad, budget)
+    warned = [r for r in caplog.records if path in r.getMessage()]
+    assert len(warned) == 1, [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.parametrize("text", [
+    "[1, 2, 3]", '"a string"', "null", "{}", '{"version": 1}', '{"version": 1, "entries": "abc"}',
+    '{"version": 1, "entries": ["abc", 3, null]}', '{"version": "1", "entries": []}',
+    '{"version": 1, "entries": [{"tier": "chunked"}]}',
+    '{"version": 1, "entries": [{"tier": "chunked", "dtype": "float32", "heads": "4", "dim": 32, "n": 256,'
+    ' "block_q": "32", "block_kv": 256, "heads_per_group": 2}]}',
+    '{"version": 1, "entries": [{"tier": "chunked", "dtype": "float32", "heads": 4, "dim": 32, "n": 0,'
+    ' "block_q": 32, "block_kv": 256, "heads_per_group": 2}]}',
+    '{"version": 1, "entries": [{"tier": "chunked", "dtype": "float32", "heads": 0, "dim": 32, "n": 256,'
+    ' "block_q": 32, "block_kv": 256, "heads_per_group": 2}]}',
+    '{"version": 1, "entries": [{"tier": "chunked", "dtype": "float32", "heads": 4, "dim": 32, "n": 256,'
+    ' "block_q": 32.5, "block_kv": 256, "heads_per_group": true}]}',
+    '{"version": 1, "entries": [{"tier": "chunked", "dtype": "float32", "heads": 4, "dim": 32, "n": 1e400,'
+    ' "block_q": 32, "block_kv": 256, "heads_per_group": 2}]}',
+    '{"version": 1, "entries": [{"tier": "nope", "dtype": 7, "heads": 4, "dim": 32, "n": 256,'
+    ' "block_q": 32, "block_kv": 256, "heads_per_group": 2, "layout": "diagonal"}]}',
+    "{not json", ""])
+def test_a_malformed_profile_warns_once_and_auto_still_works(profdir, caplog, text):
+    """Valid JSON of the wrong types (a list, strings, missing keys, n = 0) crashed every `auto` call with
+    AttributeError / TypeError / KeyError / a math domain error. Now: one warning naming the file, and every call
+    is torch's attention (the engine's own tiles)."""
+    path = _write_raw(text)
+    q, k, v, ref = _small_problem()
+    from attention_core import scaled_dot_product_attention
+    with caplog.at_level("WARNING"):
+        for budget in (8 << 10, 1 << 30, None):
+            out = scaled_dot_product_attention(q, k, v, memory_budget=budget)
+            assert (out.double() - ref).abs().max() < 1e-5
+        assert profiles.lookup((1, 4, 256, 32), torch.float32) is None
+    warned = [r for r in caplog.records if path in r.getMessage()]
+    assert len(warned) == 1, [r.getMessage() for r in caplog.records]
+
+
+def test_good_entries_of_a_partly_bad_profile_are_kept(profdir, caplog):
+    good = entry(heads=4, dim=32, n=256, block_q=32, block_kv=256, heads_per_group=2)
+    path = write([good, {"tier": "chunked"}, "x", entry(dim=64, block_q=-1)])
+    with caplog.at_level("WARNING"):
+        assert profiles.tuned_blocks("cpu", torch.float32, 4, 256, 256, 32, "chunked", 1 << 30) == (32, 256, 2)
+        assert profiles.tuned_blocks("cpu", torch.float32, 24, 4096, 4096, 64, "chunked", 1 << 30) is None
+    warned = [r.getMessage() for r in caplog.records if path in r.getMessage()]
+    assert len(warned) == 1 and "3 of 4" in warned[0], warned
+
+
+@pytest.mark.parametrize("tier", ["chunked", "online"])
+def test_tiles_stay_within_1_and_n_at_the_point_of_use(profdir, monkeypatch, tier):
+    """Even an entry that skipped validation (handed over in memory) gives tiles within [1, N]."""
+    bad = entry(tier=tier, heads=4, dim=32, n=256, block_q=-7, block_kv=10 ** 9, heads_per_group=-3)
+    monkeypatch.setattr(profiles, "load_profile", lambda device="cpu": {"version": 1, "entries": [bad]})
+    for lq, lk in ((256, 256), (1, 200), (300, 300)):
+        got = profiles.tuned_blocks("cpu", torch.float32, 4, lq, lk, 32, tier, 1 << 40)
+        if got is not None:
+            bq, bkv, hpg = got
+            assert 1 <= bq <= lq and 1 <= bkv <= lk and 1 <= hpg <= 4, (lq, lk, got)
+        bq, bkv, hpg = profiles.tuned_blocks_for(bad, 4, lq, lk)
+        assert 1 <= bq <= lq and 1 <= bkv <= lk and 1 <= hpg <= 4, (lq, lk)
+
+
+_WRITER = r"""
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from attention_core import profiles
+errors, n, seed = 0, 0, int(sys.argv[3])
+deadline = time.time() + float(sys.argv[2])
+while time.time() < deadline:
+    prof = {"version": profiles.PROFILE_VERSION, "writer": seed, "entries": [
+        {"tier": "chunked", "dtype": "float32", "heads": 4, "dim": 32, "n": 256, "block_q": 16 * (1 + (n + seed) % 8),
+         "block_kv": 256, "heads_per_group": 2, "use": True, "pad": "x" * (1000 * (n % 50))}]}
+    try:
+        profiles.save_profile(prof, "cpu")
+    except Exception as e:
+        errors += 1
+        if errors < 3:
+            print(repr(e), file=sys.stderr)
+    n += 1
+print(errors, n)
+"""
+
+
+def test_concurrent_writers_never_collide_and_readers_always_see_a_valid_file(profdir):
+    """Two processes saving at once shared one temporary name: hundreds of FileNotFoundError in seconds, and
+    readers caught partial files. Four writer processes save ~1.5 s each while this process keeps reading."""
+    import subprocess
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = profiles.profile_path("cpu")
+    write([entry()])
+    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, root, "1.5", str(i)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(4)]
+    reads, bad = 0, []
+    while any(p.poll() is None for p in procs) or reads == 0:
+        with open(path) as f:
+            text = f.read()
+        try:
+            json.loads(text)
+        except ValueError as e:
+            bad.append(f"{e}: {text[:60]!r}")
+        prof = profiles.load_profile("cpu")
+        assert prof is not None and prof["entries"], "a reader saw no usable profile"
+        reads += 1
+    results = [p.communicate() for p in procs]
+    for out, err in results:
+        errors, saves = map(int, out.split())
+        assert errors == 0 and saves > 0, err
+    assert not bad, bad[:3]
+    assert reads > 10
+    assert os.listdir(os.path.dirname(path)) == [os.path.basename(path)]  # no temporary file left behind
