@@ -283,3 +283,47 @@ def test_concurrent_writers_never_collide_and_readers_always_see_a_valid_file(pr
     assert not bad, bad[:3]
     assert reads > 10
     assert os.listdir(os.path.dirname(path)) == [os.path.basename(path)]  # no temporary file left behind
+
+
+def test_tune_keeps_the_smallest_tile_within_3_percent_of_the_fastest(profdir, monkeypatch):
+    """Tile memory is what the engine adds, so a larger tile must buy measured speed (issue 18.5): with the largest
+    candidate 2 % faster than the rest, the smallest candidate is kept; at 5 % the largest is. The engine's own tile
+    (timed first) competes: when it is the smallest fast one, the entry says use = false."""
+    ran = []
+    monkeypatch.setattr(tune, "run_blocks", lambda q, k, v, blocks, tier="chunked": ran.append(tuple(blocks)))
+    monkeypatch.setattr(tune, "scaled_dot_product_attention", lambda *a, **kw: ran.append("engine"))
+    cands = tune.candidates("chunked", 4, 1024, 256)
+    largest = max(cands, key=lambda c: c[0] * c[1] * c[2])
+    smallest = min(cands, key=lambda c: c[0] * c[1] * c[2])
+
+    def timing(slower, engine):
+        def fake_time(fn, repeats, warm=True):
+            fn()
+            last = ran[-1]
+            return engine if last == "engine" else (1.0 if last == largest else 1.0 + slower)
+        return fake_time
+    monkeypatch.setattr(tune, "_time", timing(0.02, engine=1.5))
+    e = tune.tune_shape(4, 1024, 32, "float32", "cpu", "chunked", 256, 1, log=lambda s: None)
+    assert (e["block_q"], e["block_kv"], e["heads_per_group"]) == smallest and e["use"]
+    monkeypatch.setattr(tune, "_time", timing(0.05, engine=1.5))
+    e = tune.tune_shape(4, 1024, 32, "float32", "cpu", "chunked", 256, 1, log=lambda s: None)
+    assert (e["block_q"], e["block_kv"], e["heads_per_group"]) == largest and e["use"]
+    monkeypatch.setattr(tune, "_time", timing(0.02, engine=0.97))  # the engine's own tile fastest by 3 %+
+    assert not tune.tune_shape(4, 1024, 32, "float32", "cpu", "chunked", 256, 1, log=lambda s: None)["use"]
+
+
+@pytest.mark.parametrize("keys_major", [False, True])
+def test_both_score_layouts_of_the_layout_check_are_torch_attention(keys_major):
+    """The layout check (tune --layouts, issue 18.4) times two exact computations: queries-major S = Q K^T and
+    keys-major S^T = K Q^T with the softmax over keys on dim -2 both equal torch's math SDPA in float64."""
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 3, 100, 16, generator=g, dtype=torch.float64) for _ in range(3))
+    ref = math_sdpa(q, k, v)
+    out = tune._chunked_loop(q * 16 ** -0.5, k, v, 32, keys_major)
+    assert (out - ref).abs().max() < 1e-12
+
+
+def test_layout_check_cli_prints_both_layouts(capsys):
+    assert tune.main(["--layouts", "2", "--presets", "reference", "--max-n", "256", "--rows", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "queries-major" in out and "keys-major" in out and "max |diff|" in out
