@@ -18,8 +18,16 @@ from .problem import AttentionProblem
 MIN_BLOCK = 16
 # query rows per head a tile keeps before it splits heads into groups: the GEMMs stay efficient above this
 PREF_ROWS = 64
-# score elements per tile we aim for (full rows for chunked / inplace, bq x bk for online)
-TARGET_TILE_ELEMS = {"cpu": 1 << 21, "other": 1 << 27}
+# score elements per forward tile we aim for (full rows for chunked / inplace, bq x bk for online) when the device
+# has no tuned profile. CPU: 2^19, the smallest target as fast as the larger ones in interleaved timings on the
+# project's CPU (docs/bench-tiles-cpu.log; at the Wan 480p shape 2^21 took 15 MB tiles of 7 heads where 2^19
+# takes 2 MB, for no measured speed). A tuned profile
+# (python -m attention_core.tune) replaces it with the smallest tile within 3 % of the fastest on the device.
+TARGET_TILE_ELEMS = {"cpu": 1 << 19, "other": 1 << 27}
+# the backward's tiles aim at BACKWARD_TILE_FACTOR x the forward target (2^21 scores on the CPU, 2^27 elsewhere,
+# as before): five score-sized GEMMs a tile instead of two, and smaller CPU tiles measured 1.1-1.3x slower there;
+# fwd + bwd at N=2048, 8 heads holds 12-13 % of math SDPA's peak RSS (LiveBytes test: <= 20 %)
+BACKWARD_TILE_FACTOR = {"cpu": 4, "other": 1}
 ONLINE_BLOCK_KV = {"cpu": 1024, "other": 4096}
 # share of the free memory the tiles may take when no budget is given
 FREE_FRACTION = {"cpu": 0.5, "other": 0.7}
@@ -112,15 +120,15 @@ def _round(b: int) -> int:
 
 
 def tile_for(lq: int, hkv: int, pairs_per_row: int, per: int, budget: int, bk: int, kind: str, block_q=None,
-             shrink_kv: bool = False):
+             shrink_kv: bool = False, target: Optional[int] = None):
     """(bq, bk, heads) for tiles of `per` bytes a score within `budget`, or None; halves bk while allowed.
 
     Shapes only (attention_core.plan reports the same tiles): lq query rows, hkv kv heads, each (kv head, query
     row) pair holding pairs_per_row * bk scores (B * G: batch and the GQA group). The tile takes as many pairs as
     TARGET_TILE_ELEMS[kind] and the budget allow, all heads when that leaves PREF_ROWS rows per head, else fewer
-    heads with more rows."""
+    heads with more rows. `target`: another number of scores to aim for (the backward's)."""
     lq, hkv = max(1, lq), max(1, hkv)
-    target = TARGET_TILE_ELEMS[kind]
+    target = target or TARGET_TILE_ELEMS[kind]
     while True:
         per_pair = max(1, pairs_per_row) * bk
         if block_q is not None:
@@ -137,8 +145,8 @@ def tile_for(lq: int, hkv: int, pairs_per_row: int, per: int, budget: int, bk: i
         bk = max(MIN_BLOCK, bk // 2)
 
 
-def _tile(p: AttentionProblem, per: int, budget: int, bk: int, block_q, shrink_kv: bool):
-    return tile_for(p.Lq, p.Hkv, p.B * p.G, per, budget, bk, _kind(p.device), block_q, shrink_kv)
+def _tile(p: AttentionProblem, per: int, budget: int, bk: int, block_q, shrink_kv: bool, target=None):
+    return tile_for(p.Lq, p.Hkv, p.B * p.G, per, budget, bk, _kind(p.device), block_q, shrink_kv, target)
 
 
 def plan_forward(p: AttentionProblem, num: Numerics, tier: str, budget: int, block_q=None,
@@ -156,5 +164,6 @@ def plan_forward(p: AttentionProblem, num: Numerics, tier: str, budget: int, blo
 def plan_backward(p: AttentionProblem, num: Numerics, budget: int, block_q=None, block_kv=None) -> Optional[Plan]:
     """Backward tiles: full key rows when they fit (fewer, larger GEMMs), else bq x bk tiles."""
     per = bytes_per_score("online", p, num, backward=True)
-    t = _tile(p, per, budget, block_kv or max(1, p.Lk), block_q, shrink_kv=block_kv is None)
+    target = BACKWARD_TILE_FACTOR[_kind(p.device)] * TARGET_TILE_ELEMS[_kind(p.device)]
+    t = _tile(p, per, budget, block_kv or max(1, p.Lk), block_q, shrink_kv=block_kv is None, target=target)
     return None if t is None else Plan("backward", *t)

@@ -8,16 +8,23 @@ not, so the driver can ask it without an import circle).
 `tuned_blocks(...)`: the profile's tile for the nearest tuned shape (same tier, dtype and head dim, key and head
 counts within 2x of the tuned ones), rows rescaled so the tile keeps its tuned number of scores at another key
 count, or None when there is no profile, TILED_ATTENTION_TUNE=off, or the tile would exceed the memory budget.
+
+A profile is a file on the user's disk, so it is untrusted input: `load_profile` validates it (entries of the wrong
+shape or type, unknown tiers, counts below 1 are dropped, with ONE warning naming the file per version of it; a
+file that is not a profile at all is ignored the same way), tiles are clamped to [1, N] where they are used, and
+`save_profile` writes atomically under a unique temporary name (attention_core.jsonfile), so concurrent tuners
+never collide and readers never see a partial file. No attention call fails because of a profile.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import platform
 import re
 import sys
 from typing import Optional, Tuple
+
+from .jsonfile import atomic_write_json, load_json_validated
 
 PROFILE_VERSION = 1
 ENV_DIR = "TILED_ATTENTION_PROFILE_DIR"
@@ -73,25 +80,53 @@ def profile_path(device="cpu") -> str:
     return os.path.join(profile_dir(), f"{slug}.json")
 
 
+TIER_NAMES = ("chunked", "inplace", "online")  # the forward tiers a profile may name (tiers.ORDER; no import)
+_COUNTS = ("heads", "dim", "n", "block_q", "block_kv", "heads_per_group")
+
+
+def _entry_problem(e) -> Optional[str]:
+    """Why a profile entry is unusable, or None when it is a valid entry."""
+    if not isinstance(e, dict):
+        return f"{type(e).__name__} instead of an object"
+    if e.get("tier") not in TIER_NAMES:
+        return f"tier {e.get('tier')!r} is not one of {', '.join(TIER_NAMES)}"
+    if not isinstance(e.get("dtype"), str):
+        return f"dtype {e.get('dtype')!r} is not a dtype name"
+    for key in _COUNTS:
+        val = e.get(key)
+        if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+            return f"{key} {val!r} is not an integer >= 1"
+    if not isinstance(e.get("use", True), bool):
+        return f"use {e.get('use')!r} is not true/false"
+    return None
+
+
+def validate_profile(obj) -> Tuple[Optional[dict], list]:
+    """(profile with only its valid entries, or None; the problems found), for jsonfile.load_json_validated."""
+    if not isinstance(obj, dict):
+        return None, [f"a JSON {type(obj).__name__}, not a profile object"]
+    if obj.get("version") != PROFILE_VERSION:
+        return None, [f"version {obj.get('version')!r}, this engine reads version {PROFILE_VERSION}"]
+    entries = obj.get("entries")
+    if not isinstance(entries, list):
+        return None, [f"'entries' is {type(entries).__name__}, not a list"]
+    good, problems = [], []
+    for i, e in enumerate(entries):
+        why = _entry_problem(e)
+        if why is None:
+            good.append(e)
+        else:
+            problems.append(f"entry {i}: {why}")
+    if problems:
+        problems.insert(0, f"{len(problems)} of {len(entries)} entries dropped")
+    return dict(obj, entries=good), problems
+
+
 def load_profile(device="cpu") -> Optional[dict]:
-    """The saved profile of `device` (re-read when the file changes), or None."""
-    path = profile_path(device)
-    try:
-        mtime = os.stat(path).st_mtime
-    except OSError:
-        return None
-    hit = _cache.get(path)
-    if hit and hit[0] == mtime:
-        return hit[1]
-    try:
-        with open(path) as f:
-            prof = json.load(f)
-    except (OSError, ValueError):
-        return None
-    if prof.get("version") != PROFILE_VERSION:
-        return None
-    _cache[path] = (mtime, prof)
-    return prof
+    """The saved profile of `device` with only its valid entries (re-read when the file changes), or None when
+    there is none or it is not a profile. Never raises for a bad file; warns once per version of it."""
+    return load_json_validated(profile_path(device), validate_profile, _cache, what="tuned profile",
+                               hint="Re-run `python -m attention_core.tune` to rewrite it, or delete it.")
 
 
 # ------------------------------------------------------------------------------------------ the planner hook
@@ -108,11 +143,20 @@ NEAR = 2.0  # a tuned tile serves key and head counts within this factor of the 
 
 
 def _nearest(entries, heads: int, n: int) -> Optional[dict]:
-    entries = [e for e in entries if abs(math.log(e["n"] / max(1, n))) <= math.log(NEAR) + 1e-9
-               and abs(math.log(e["heads"] / max(1, heads))) <= math.log(NEAR) + 1e-9]
+    """The valid entry nearest (n keys, heads) within NEAR of both, or None (entries that skipped validation and
+    are not valid are passed over here too)."""
+    heads, n = max(1, heads), max(1, n)
+    entries = [e for e in entries if _entry_problem(e) is None
+               and abs(math.log(e["n"] / n)) <= math.log(NEAR) + 1e-9
+               and abs(math.log(e["heads"] / heads)) <= math.log(NEAR) + 1e-9]
     if not entries:
         return None
     return min(entries, key=lambda e: abs(math.log(e["n"] / n)) + abs(math.log(e["heads"] / heads)))
+
+
+def _matching(prof: dict, dtype, tier: str, D: int) -> list:
+    return [e for e in prof.get("entries", []) if isinstance(e, dict) and e.get("dtype") == _dtype_name(dtype)
+            and e.get("tier") == tier and e.get("dim") == D]
 
 
 def tuned_blocks(device, dtype, heads: int, Lq: int, Lk: int, D: int, tier: str, budget: int,
@@ -123,35 +167,38 @@ def tuned_blocks(device, dtype, heads: int, Lq: int, Lk: int, D: int, tier: str,
     score (the planner's memory.bytes_per_score; default: this tier's cost without mask or dropout).
 
     The tuned tile keeps its number of scores: rows = tuned rows x tuned keys / Lk (chunked and inplace use
-    full key rows), at least 16."""
+    full key rows), at least 16; every size within [1, Lq], [1, Lk], [1, heads] (tuned_blocks_for)."""
     if os.environ.get(ENV_SWITCH, "").lower() in ("off", "0", "false", "no"):
         return None
     prof = load_profile(device)
     if prof is None:
         return None
-    entries = [e for e in prof.get("entries", []) if e["dtype"] == _dtype_name(dtype) and e["tier"] == tier
-               and e["dim"] == D]
-    e = _nearest(entries, heads, Lk)
+    e = _nearest(_matching(prof, dtype, tier, D), heads, Lk)
     if e is None or not e.get("use", True):  # the engine's own plan was as fast there: keep it
         return None
-    hpg = max(1, min(heads, e["heads_per_group"] if e["heads_per_group"] < e["heads"] else heads))
-    if tier == "online":
-        bkv = min(Lk, e["block_kv"])
-        bq = min(Lq, e["block_q"])
-    else:
-        bkv = Lk
-        bq = min(Lq, max(MIN_ROWS, e["block_q"] * e["n"] // max(1, Lk)))
+    bq, bkv, hpg = tuned_blocks_for(e, heads, Lq, Lk)
     if (per_score or bytes_per_score(tier, dtype)) * groups * bq * bkv * hpg > budget:
         return None
     return bq, bkv, hpg
 
 
+def _within(x, hi: int) -> int:
+    """x clamped to [1, hi] (hi < 1 counts as 1; a non-integer as 1)."""
+    x = x if isinstance(x, int) and not isinstance(x, bool) else 1
+    return max(1, min(max(1, hi), x))
+
+
 def tuned_blocks_for(entry: dict, heads: int, Lq: int, Lk: int) -> Tuple[int, int, int]:
-    """An entry's tile applied to another shape (the same rescaling as tuned_blocks, no budget check)."""
-    hpg = max(1, min(heads, entry["heads_per_group"] if entry["heads_per_group"] < entry["heads"] else heads))
-    if entry["tier"] == "online":
-        return min(Lq, entry["block_q"]), min(Lk, entry["block_kv"]), hpg
-    return min(Lq, max(MIN_ROWS, entry["block_q"] * entry["n"] // max(1, Lk))), Lk, hpg
+    """An entry's tile applied to another shape (the same rescaling as tuned_blocks, no budget check), each size
+    clamped to [1, N] of its dimension whatever the entry holds."""
+    hpg, tuned_heads = entry.get("heads_per_group"), entry.get("heads")
+    hpg = _within(hpg if isinstance(hpg, int) and isinstance(tuned_heads, int) and hpg < tuned_heads else heads,
+                  heads)
+    bq = entry.get("block_q") if isinstance(entry.get("block_q"), int) else 1
+    if entry.get("tier") == "online":
+        return _within(bq, Lq), _within(entry.get("block_kv"), Lk), hpg
+    n = entry.get("n") if isinstance(entry.get("n"), int) and entry.get("n") > 0 else max(1, Lk)
+    return _within(max(MIN_ROWS, bq * n // max(1, Lk)), Lq), max(1, Lk), hpg
 
 
 def lookup(q_shape, dtype, device="cpu", tier="chunked") -> Optional[dict]:
@@ -160,18 +207,12 @@ def lookup(q_shape, dtype, device="cpu", tier="chunked") -> Optional[dict]:
     if prof is None:
         return None
     B, H, N, D = q_shape
-    entries = [e for e in prof.get("entries", []) if e["dtype"] == _dtype_name(dtype) and e["tier"] == tier
-               and e["dim"] == D]
-    return _nearest(entries, H, N)
+    return _nearest(_matching(prof, dtype, tier, D), H, N)
 
 
 
 def save_profile(prof: dict, device="cpu", path: Optional[str] = None) -> str:
-    path = path or profile_path(device)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(prof, f, indent=1)
-    os.replace(tmp, path)
+    """Write `prof` to `path` (default: this device's profile path) atomically; the path."""
+    path = atomic_write_json(path or profile_path(device), prof)
     _cache.pop(path, None)
     return path

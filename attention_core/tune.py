@@ -5,7 +5,9 @@
 
 A candidate is (block_q rows, block_kv keys, heads per group). Each is timed on the first `--rows` query rows of
 the shape against all its keys (the work per query row is the same for every row, so the ranking holds for the
-whole call) and compared with the engine's own untuned plan on the same rows. The profile is JSON, one file per
+whole call) together with the engine's own untuned plan on the same rows. The profile keeps the SMALLEST tile
+within TOLERANCE (3 %) of the fastest: a larger tile only where it buys measured speed, since tile memory is
+what the engine adds to the model's. The profile is JSON, one file per
 device name, arch and torch version, in ComfyUI's user directory (<user>/tiled-attention/) when this runs inside
 ComfyUI, else $TILED_ATTENTION_PROFILE_DIR, else ~/.cache/tiled-attention/.
 
@@ -20,8 +22,11 @@ import statistics
 import sys
 import time
 
-from .profiles import PROFILE_VERSION, _device_name, profile_path, save_profile, tuned_blocks_for
+from .memory import ONLINE_BLOCK_KV, tile_budget, tile_for
+from .profiles import PROFILE_VERSION, _device_name, bytes_per_score, profile_path, save_profile, tuned_blocks_for
 from .sdpa import scaled_dot_product_attention
+
+TOLERANCE = 0.03  # a tile within 3 % of the fastest counts as fast; the smallest of those is kept
 
 
 # --------------------------------------------------------------------------------------- running a candidate
@@ -74,8 +79,27 @@ def _time(fn, repeats, warm=True):
     return statistics.median(ts)
 
 
+def engine_tile(heads, n, rows, dtype, device, tier):
+    """(block_q, block_kv, heads per group) the engine's own plan takes for `rows` query rows of the shape."""
+    import torch
+    kind = "cpu" if torch.device(device).type == "cpu" else "other"
+    bk = n if tier != "online" else min(n, ONLINE_BLOCK_KV[kind])
+    t = tile_for(rows, heads, 1, bytes_per_score(tier, dtype), tile_budget(torch.device(device)), bk, kind,
+                 shrink_kv=tier == "online")
+    return t if t is not None else (rows, bk, heads)
+
+
+def choose(timed, tolerance=TOLERANCE):
+    """The smallest tile (scores: rows x keys x heads) among those within `tolerance` of the fastest; ties: the
+    faster. `timed`: [(tile, seconds)]."""
+    fastest = min(t for _, t in timed)
+    ok = [(c, t) for c, t in timed if t <= (1 + tolerance) * fastest]
+    return min(ok, key=lambda ct: (ct[0][0] * ct[0][1] * ct[0][2], ct[1]))
+
+
 def tune_shape(heads, n, dim, dtype, device, tier, rows, repeats, log=print):
-    """Time the engine's own plan and every candidate on the first `rows` query rows; the profile entry."""
+    """Time the engine's own plan and every candidate on the first `rows` query rows; the profile entry: the
+    smallest tile within TOLERANCE of the fastest (`use` false when that is the engine's own tile)."""
     import torch
     dt = getattr(torch, dtype)
     g = torch.Generator().manual_seed(0)
@@ -94,7 +118,7 @@ def tune_shape(heads, n, dim, dtype, device, tier, rows, repeats, log=print):
             sync()
         base = _time(untuned, repeats)
         log(f"    engine's own plan:                  {1000 * base:8.1f} ms")
-        best, best_t = None, float("inf")
+        timed = []
         for c in candidates(tier, heads, n, rows):
             def f(c=c):
                 run_blocks(q, k, v, c, tier)
@@ -105,13 +129,74 @@ def tune_shape(heads, n, dim, dtype, device, tier, rows, repeats, log=print):
                 log(f"    {c}: {e.__class__.__name__}")
                 continue
             log(f"    block_q {c[0]:>4} x keys {c[1]:>5} x {c[2]:>2} heads: {1000 * t:8.1f} ms")
-            if t < best_t:
-                best, best_t = c, t
-    log(f"  {tier:<8} {heads}x{dim} N={n} {dtype}: untuned {1000 * base:.0f} ms, best {best} "
-        f"{1000 * best_t:.0f} ms on {rows} rows ({base / best_t:.2f}x)")
+            timed.append((c, t))
+    if not timed:
+        raise RuntimeError(f"no tile candidate ran for {tier} {heads}x{dim} N={n} {dtype} on {device}")
+    own = tuple(engine_tile(heads, n, rows, dt, device, tier))
+    best, best_t = choose(timed)  # the candidate kept in the entry
+    pick, pick_t = choose(timed + [(own, base)])  # the engine's own tile competes too: use = a candidate won
+    use = pick != own or pick_t != base
+    fastest = min(t for _, t in timed + [(own, base)])
+    log(f"  {tier:<8} {heads}x{dim} N={n} {dtype}: untuned {own} {1000 * base:.0f} ms, fastest "
+        f"{1000 * fastest:.0f} ms, kept {best} {1000 * best_t:.0f} ms on {rows} rows (smallest within "
+        f"{100 * TOLERANCE:.0f} % of the fastest){'' if use else '; the engine own tile is as good: not used'}")
     return {"tier": tier, "dtype": dtype, "heads": heads, "dim": dim, "n": n, "rows_timed": rows,
             "block_q": best[0], "block_kv": best[1], "heads_per_group": best[2],
-            "ms": 1000 * best_t, "untuned_ms": 1000 * base, "use": best_t < base}
+            "ms": 1000 * best_t, "untuned_ms": 1000 * base, "fastest_ms": 1000 * fastest, "use": use}
+
+
+# ------------------------------------------------------------------------------------ score layout (measured)
+def _chunked_loop(q, k, v, bq, keys_major):
+    """The chunked tier's loop without masks: per query tile S, softmax, P @ V; queries-major S = Q K^T (K as a
+    transposed view), or keys-major S^T = K Q^T (softmax over dim -2, P^T as a transposed view into P V)."""
+    import torch
+    H, rows, N = q.shape[1], q.shape[2], k.shape[2]
+    out = torch.empty(*q.shape[:-1], v.shape[-1], dtype=q.dtype, device=q.device)
+    s_buf = torch.empty(H * N * bq, dtype=q.dtype, device=q.device)  # flat: a shorter last tile stays contiguous
+    p_buf = torch.empty_like(s_buf)
+    for i in range(0, rows, bq):
+        qt = q[:, :, i:i + bq]
+        b = qt.shape[2]
+        if keys_major:
+            s = torch.matmul(k, qt.transpose(-1, -2), out=s_buf[:H * N * b].view(1, H, N, b))
+            p = torch.ops.aten._softmax.out(s, -2, False, out=p_buf[:H * N * b].view(1, H, N, b))
+            out[:, :, i:i + b] = torch.matmul(p.transpose(-1, -2), v)
+        else:
+            s = torch.matmul(qt, k.transpose(-1, -2), out=s_buf[:H * N * b].view(1, H, b, N))
+            p = torch.ops.aten._softmax.out(s, -1, False, out=p_buf[:H * N * b].view(1, H, b, N))
+            out[:, :, i:i + b] = torch.matmul(p, v)
+    return out
+
+
+def layout_check(heads, n, dim, dtype, device, rows, rounds, log=print) -> dict:
+    """Queries-major vs keys-major scores over the whole chunked loop (issue 18.4) on the engine's own tile for
+    the first `rows` query rows of one head group, rounds interleaved (order alternating), medians. The engine
+    computes queries-major; this measures whether the other layout would pay on this device."""
+    import torch
+    dt = getattr(torch, dtype)
+    bq, _, hpg = engine_tile(heads, n, rows, dt, device, "chunked")
+    g = torch.Generator().manual_seed(0)
+    q = (torch.randn(1, hpg, rows, dim, generator=g) * dim ** -0.5).to(device, dt)
+    k, v = (torch.randn(1, hpg, n, dim, generator=g).to(device, dt) for _ in range(2))
+
+    def sync():
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize(device)
+    with torch.no_grad():
+        diff = float((_chunked_loop(q, k, v, bq, False) - _chunked_loop(q, k, v, bq, True)).abs().max())
+        ts = {False: [], True: []}
+        for r in range(rounds):
+            for km in ((False, True) if r % 2 == 0 else (True, False)):
+                t0 = time.perf_counter()
+                _chunked_loop(q, k, v, bq, km)
+                sync()
+                ts[km].append(time.perf_counter() - t0)
+    qm, km = statistics.median(ts[False]), statistics.median(ts[True])
+    log(f"  layout {heads}x{dim} N={n} {dtype}, tile {bq} rows x {hpg} heads, {rows} rows, {rounds} rounds: "
+        f"queries-major {1000 * qm:.1f} ms, keys-major {1000 * km:.1f} ms (keys-major {qm / km:.2f}x as fast; "
+        f"per round {[round(a / b, 2) for a, b in zip(ts[False], ts[True])]}; max |diff| {diff:.1e})")
+    return {"heads": heads, "n": n, "dim": dim, "dtype": dtype, "block_q": bq, "heads_per_group": hpg,
+            "queries_major_ms": 1000 * qm, "keys_major_ms": 1000 * km}
 
 
 def tune(device, dtypes, shapes, tiers, rows, repeats, log=print) -> dict:
@@ -148,6 +233,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=cli_args.int_range(1, 1000), default=2)
     ap.add_argument("--out", type=cli_args.output_file, default=None,
                     help="profile file (default: this device's profile path, the only one tier 'auto' reads)")
+    ap.add_argument("--layouts", type=cli_args.int_range(0, 1000), default=0, metavar="ROUNDS",
+                    help="instead of tuning: time the chunked loop with queries-major vs keys-major scores over "
+                         "this many interleaved rounds per shape and print the medians (nothing is saved)")
     a = ap.parse_args(argv)
     import torch
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -157,8 +245,14 @@ def main(argv=None) -> int:
         for n, h, d in preset_shapes(p.strip()):
             if (h, min(n, a.max_n), d) not in shapes:
                 shapes.append((h, min(n, a.max_n), d))
-    print(f"# tuning {device} ({' / '.join(_device_name(device))}), torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads, dtypes {dtypes}, shapes {shapes}", flush=True)
+    print(f"# {'layouts on' if a.layouts else 'tuning'} {device} ({' / '.join(_device_name(device))}), torch "
+          f"{torch.__version__}, {torch.get_num_threads()} threads, dtypes {dtypes}, shapes {shapes}", flush=True)
+    if a.layouts:
+        for dtype in dtypes:
+            for heads, n, dim in shapes:
+                layout_check(heads, n, dim, dtype, device, min(a.rows, n), a.layouts,
+                             log=lambda s: print(s, flush=True))
+        return 0
     prof = tune(device, dtypes, shapes, [t.strip() for t in a.tiers.split(",")], a.rows, a.repeats,
                 log=lambda s: print(s, flush=True))
     path = save_profile(prof, device, a.out)

@@ -138,3 +138,192 @@ def test_auto_runs_the_profiles_tile_within_the_budget(profdir, monkeypatch):
     monkeypatch.setenv(profiles.ENV_SWITCH, "off")
     scaled_dot_product_attention(q, k, v, memory_budget=1 << 30)
     assert seen and all(s != (2, 32, 256) for s in seen)
+
+
+# ------------------------------------------------------------------ profiles are untrusted input (issue 17.3/17.8)
+def _write_raw(text):
+    path = profiles.profile_path("cpu")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def _small_problem(seed=3):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, 4, 256, 32, generator=g) for _ in range(3))
+    return q, k, v, math_sdpa(q.double(), k.double(), v.double())
+
+
+@pytest.mark.parametrize("bad", [dict(tier="online", block_q=-5, block_kv=64), dict(tier="online", block_q=0),
+                                 dict(tier="online", block_kv=0), dict(tier="online", block_kv=-64),
+                                 dict(block_q=-128), dict(heads_per_group=-2), dict(heads_per_group=0)])
+def test_a_zero_or_negative_tile_never_computes_garbage(profdir, caplog, bad):
+    """The tuned tile of an online entry with block_q = -5 ran no query tile at all: the output was the
+    uninitialised buffer (off by ~1e37); block sizes of 0 crashed. Such entries are dropped with one warning,
+    and the call is torch's attention."""
+    path = write([entry(heads=4, dim=32, n=256, **bad)])
+    q, k, v, ref = _small_problem()
+    from attention_core import scaled_dot_product_attention
+    with caplog.at_level("WARNING"):
+        for budget in (8 << 10, 1 << 30):  # 8 KB: only online tiles fit; 1 GB: the chunked tier
+            out = scaled_dot_product_attention(q, k, v, memory_budget=budget)
+            assert (out.double() - ref).abs().max() < 1e-5, (bad, budget)
+    warned = [r for r in caplog.records if path in r.getMessage()]
+    assert len(warned) == 1, [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.parametrize("text", [
+    "[1, 2, 3]", '"a string"', "null", "{}", '{"version": 1}', '{"version": 1, "entries": "abc"}',
+    '{"version": 1, "entries": ["abc", 3, null]}', '{"version": "1", "entries": []}',
+    '{"version": 1, "entries": [{"tier": "chunked"}]}',
+    '{"version": 1, "entries": [{"tier": "chunked", "dtype": "float32", "heads": "4", "dim": 32, "n": 256,'
+    ' "block_q": "32", "block_kv": 256, "heads_per_group": 2}]}',
+    '{"version": 1, "entries": [{"tier": "chunked", "dtype": "float32", "heads": 4, "dim": 32, "n": 0,'
+    ' "block_q": 32, "block_kv": 256, "heads_per_group": 2}]}',
+    '{"version": 1, "entries": [{"tier": "chunked", "dtype": "float32", "heads": 0, "dim": 32, "n": 256,'
+    ' "block_q": 32, "block_kv": 256, "heads_per_group": 2}]}',
+    '{"version": 1, "entries": [{"tier": "chunked", "dtype": "float32", "heads": 4, "dim": 32, "n": 256,'
+    ' "block_q": 32.5, "block_kv": 256, "heads_per_group": true}]}',
+    '{"version": 1, "entries": [{"tier": "chunked", "dtype": "float32", "heads": 4, "dim": 32, "n": 1e400,'
+    ' "block_q": 32, "block_kv": 256, "heads_per_group": 2}]}',
+    '{"version": 1, "entries": [{"tier": "nope", "dtype": 7, "heads": 4, "dim": 32, "n": 256,'
+    ' "block_q": 32, "block_kv": 256, "heads_per_group": 2, "layout": "diagonal"}]}',
+    "{not json", ""])
+def test_a_malformed_profile_warns_once_and_auto_still_works(profdir, caplog, text):
+    """Valid JSON of the wrong types (a list, strings, missing keys, n = 0) crashed every `auto` call with
+    AttributeError / TypeError / KeyError / a math domain error. Now: one warning naming the file, and every call
+    is torch's attention (the engine's own tiles)."""
+    path = _write_raw(text)
+    q, k, v, ref = _small_problem()
+    from attention_core import scaled_dot_product_attention
+    with caplog.at_level("WARNING"):
+        for budget in (8 << 10, 1 << 30, None):
+            out = scaled_dot_product_attention(q, k, v, memory_budget=budget)
+            assert (out.double() - ref).abs().max() < 1e-5
+        assert profiles.lookup((1, 4, 256, 32), torch.float32) is None
+    warned = [r for r in caplog.records if path in r.getMessage()]
+    assert len(warned) == 1, [r.getMessage() for r in caplog.records]
+
+
+def test_good_entries_of_a_partly_bad_profile_are_kept(profdir, caplog):
+    good = entry(heads=4, dim=32, n=256, block_q=32, block_kv=256, heads_per_group=2)
+    path = write([good, {"tier": "chunked"}, "x", entry(dim=64, block_q=-1)])
+    with caplog.at_level("WARNING"):
+        assert profiles.tuned_blocks("cpu", torch.float32, 4, 256, 256, 32, "chunked", 1 << 30) == (32, 256, 2)
+        assert profiles.tuned_blocks("cpu", torch.float32, 24, 4096, 4096, 64, "chunked", 1 << 30) is None
+    warned = [r.getMessage() for r in caplog.records if path in r.getMessage()]
+    assert len(warned) == 1 and "3 of 4" in warned[0], warned
+
+
+@pytest.mark.parametrize("tier", ["chunked", "online"])
+def test_tiles_stay_within_1_and_n_at_the_point_of_use(profdir, monkeypatch, tier):
+    """Even an entry that skipped validation (handed over in memory) gives tiles within [1, N]."""
+    bad = entry(tier=tier, heads=4, dim=32, n=256, block_q=-7, block_kv=10 ** 9, heads_per_group=-3)
+    monkeypatch.setattr(profiles, "load_profile", lambda device="cpu": {"version": 1, "entries": [bad]})
+    for lq, lk in ((256, 256), (1, 200), (300, 300)):
+        got = profiles.tuned_blocks("cpu", torch.float32, 4, lq, lk, 32, tier, 1 << 40)
+        if got is not None:
+            bq, bkv, hpg = got
+            assert 1 <= bq <= lq and 1 <= bkv <= lk and 1 <= hpg <= 4, (lq, lk, got)
+        bq, bkv, hpg = profiles.tuned_blocks_for(bad, 4, lq, lk)
+        assert 1 <= bq <= lq and 1 <= bkv <= lk and 1 <= hpg <= 4, (lq, lk)
+
+
+_WRITER = r"""
+import importlib.util, sys, time
+# attention_core.jsonfile alone (what save_profile writes with), without importing torch: the writers start fast
+spec = importlib.util.spec_from_file_location("jsonfile", sys.argv[1])
+jsonfile = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(jsonfile)
+path, seed = sys.argv[2], int(sys.argv[4])
+errors, n = 0, 0
+deadline = time.time() + float(sys.argv[3])
+while time.time() < deadline:
+    prof = {"version": 1, "writer": seed, "entries": [
+        {"tier": "chunked", "dtype": "float32", "heads": 4, "dim": 32, "n": 256, "block_q": 16 * (1 + (n + seed) % 8),
+         "block_kv": 256, "heads_per_group": 2, "use": True, "pad": "x" * (1000 * (n % 50))}]}
+    try:
+        jsonfile.atomic_write_json(path, prof)
+    except Exception as e:
+        errors += 1
+        if errors < 3:
+            print(repr(e), file=sys.stderr)
+    n += 1
+print(errors, n)
+"""
+
+
+def test_concurrent_writers_never_collide_and_readers_always_see_a_valid_file(profdir):
+    """Two processes saving at once shared one temporary name: hundreds of FileNotFoundError in seconds, and
+    readers caught partial files. Four writer processes save for a second each (save_profile's writer,
+    jsonfile.atomic_write_json) while this process keeps reading the file and loading the profile."""
+    import subprocess
+    from attention_core import jsonfile
+    path = profiles.profile_path("cpu")
+    write([entry()])
+    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, jsonfile.__file__, path, "1.0", str(i)],
+                              stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(4)]
+    reads, bad = 0, []
+    while any(p.poll() is None for p in procs) or reads == 0:
+        with open(path) as f:
+            text = f.read()
+        try:
+            json.loads(text)
+        except ValueError as e:
+            bad.append(f"{e}: {text[:60]!r}")
+        prof = profiles.load_profile("cpu")
+        assert prof is not None and prof["entries"], "a reader saw no usable profile"
+        reads += 1
+    results = [p.communicate() for p in procs]
+    for out, err in results:
+        errors, saves = map(int, out.split())
+        assert errors == 0 and saves > 0, err
+    assert not bad, bad[:3]
+    assert reads > 10
+    assert os.listdir(os.path.dirname(path)) == [os.path.basename(path)]  # no temporary file left behind
+
+
+def test_tune_keeps_the_smallest_tile_within_3_percent_of_the_fastest(profdir, monkeypatch):
+    """Tile memory is what the engine adds, so a larger tile must buy measured speed (issue 18.5): with the largest
+    candidate 2 % faster than the rest, the smallest candidate is kept; at 5 % the largest is. The engine's own tile
+    (timed first) competes: when it is the smallest fast one, the entry says use = false."""
+    ran = []
+    monkeypatch.setattr(tune, "run_blocks", lambda q, k, v, blocks, tier="chunked": ran.append(tuple(blocks)))
+    monkeypatch.setattr(tune, "scaled_dot_product_attention", lambda *a, **kw: ran.append("engine"))
+    cands = tune.candidates("chunked", 4, 1024, 256)
+    largest = max(cands, key=lambda c: c[0] * c[1] * c[2])
+    smallest = min(cands, key=lambda c: c[0] * c[1] * c[2])
+
+    def timing(slower, engine):
+        def fake_time(fn, repeats, warm=True):
+            fn()
+            last = ran[-1]
+            return engine if last == "engine" else (1.0 if last == largest else 1.0 + slower)
+        return fake_time
+    monkeypatch.setattr(tune, "_time", timing(0.02, engine=1.5))
+    e = tune.tune_shape(4, 1024, 32, "float32", "cpu", "chunked", 256, 1, log=lambda s: None)
+    assert (e["block_q"], e["block_kv"], e["heads_per_group"]) == smallest and e["use"]
+    monkeypatch.setattr(tune, "_time", timing(0.05, engine=1.5))
+    e = tune.tune_shape(4, 1024, 32, "float32", "cpu", "chunked", 256, 1, log=lambda s: None)
+    assert (e["block_q"], e["block_kv"], e["heads_per_group"]) == largest and e["use"]
+    monkeypatch.setattr(tune, "_time", timing(0.02, engine=0.97))  # the engine's own tile fastest by 3 %+
+    assert not tune.tune_shape(4, 1024, 32, "float32", "cpu", "chunked", 256, 1, log=lambda s: None)["use"]
+
+
+@pytest.mark.parametrize("keys_major", [False, True])
+def test_both_score_layouts_of_the_layout_check_are_torch_attention(keys_major):
+    """The layout check (tune --layouts, issue 18.4) times two exact computations: queries-major S = Q K^T and
+    keys-major S^T = K Q^T with the softmax over keys on dim -2 both equal torch's math SDPA in float64."""
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 3, 100, 16, generator=g, dtype=torch.float64) for _ in range(3))
+    ref = math_sdpa(q, k, v)
+    out = tune._chunked_loop(q * 16 ** -0.5, k, v, 32, keys_major)
+    assert (out - ref).abs().max() < 1e-12
+
+
+def test_layout_check_cli_prints_both_layouts(capsys):
+    assert tune.main(["--layouts", "2", "--presets", "reference", "--max-n", "256", "--rows", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "queries-major" in out and "keys-major" in out and "max |diff|" in out

@@ -1,0 +1,48 @@
+"""The engine's default tiles without a tuned profile (issue 18.5): sized for the speed measured on the CPU, not
+for a fixed large target. Memory measured with LiveBytes (every tensor's storage), the bounds from the issue:
+the Wan 2.2 5B 480p forward (24 heads x 128, 4,290 keys) holds its output plus one small tile, and forward +
+backward at N = 2048, 8 heads hold <= 20 % of torch's math SDPA."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from attention_core import memory, ops
+from live_bytes import peak_bytes
+
+MB = 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def large_budget(monkeypatch):
+    """A fixed share of memory, so the tile comes from the default target, not from what is free right now."""
+    monkeypatch.setattr(memory, "free_memory", lambda device: 8 << 30)
+
+
+def test_wan_480p_forward_tile_is_small():
+    """The tile beyond the output: 2^19 scores x 8 bytes (S and P) = 4 MB; the 2^21 target held 7 heads x 64 rows x
+    4,290 keys = 15 MB (chunked 84 MB vs 56 MB peak RSS at the full shape, docs/bench-tiles-cpu.log). The first 256
+    query rows take the same tiles as the whole call (64 rows a head group)."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 24, 256, 128, generator=g)
+    k, v = (torch.randn(1, 24, 4290, 128, generator=g) for _ in range(2))
+    with torch.no_grad():
+        peak = peak_bytes(ops.attention_forward, q, k, v, tier="chunked")  # the engine's ops, seen op by op
+    out_bytes = q.numel() * 4 + 2 * 24 * 256 * 4  # O, L and the row max
+    assert peak - out_bytes <= 6 * MB, f"{(peak - out_bytes) / MB:.1f} MB beyond the output"
+
+
+def test_forward_backward_holds_at_most_a_fifth_of_math():
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 8, 2048, 64, generator=g).requires_grad_() for _ in range(3))
+    dout = torch.randn(1, 8, 2048, 64, generator=g)
+
+    def engine():  # what the autograd function runs: the forward keeps O and L, the backward recomputes tiles
+        out, lse = ops.attention_forward(q.detach(), k.detach(), v.detach())
+        ops.attention_backward(dout, q.detach(), k.detach(), v.detach(), out, lse)
+
+    def math():
+        with sdpa_kernel([SDPBackend.MATH]):
+            F.scaled_dot_product_attention(q, k, v).backward(dout)
+    ours, theirs = peak_bytes(engine), peak_bytes(math)
+    assert ours <= 0.2 * theirs, f"{ours / MB:.0f} MB vs math {theirs / MB:.0f} MB"
