@@ -6,15 +6,13 @@ the old one (os.replace), so readers and other writers never see a partial file.
 """
 from __future__ import annotations
 
-import json
-import logging
 import math
 import os
 import re
-import tempfile
 from typing import Optional
 
-log = logging.getLogger(__name__)
+from . import jsonfile
+
 VERSION = 1
 KINDS = ("pack", "subquad", "math")
 
@@ -56,39 +54,20 @@ def validate(data) -> Optional[str]:
     return None
 
 
+def _checked(data):
+    bad = validate(data)
+    return (None, [bad]) if bad else (data, [])
+
+
 def load(path: str) -> Optional[dict]:
     """The calibration at `path`, or None when there is none or it is unusable (one warning naming the file)."""
-    if not os.path.isfile(path):
-        return None
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except (OSError, ValueError) as e:
-        log.warning("tiled attention: ignoring the calibration %s: unreadable (%s); run python -m "
-                    "attention_core.calibrate again", path, e)
-        return None
-    bad = validate(data)
-    if bad:
-        log.warning("tiled attention: ignoring the calibration %s: %s; run python -m attention_core.calibrate "
-                    "again", path, bad)
-        return None
-    return data
+    return jsonfile.load_json_validated(path, _checked, what="calibration",
+                                        hint="Run python -m attention_core.calibrate again.")
 
 
 def save(data: dict, path: str) -> str:
-    """Write atomically: a unique temporary file in the same folder, then os.replace over `path`."""
+    """Write atomically (jsonfile.atomic_write_json: a unique temporary file in the same folder, then os.replace)."""
     bad = validate(data)
     if bad:
         raise ValueError(f"not saving an invalid calibration to {path}: {bad}")
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".calibration-", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    return jsonfile.atomic_write_json(path, data)

@@ -392,7 +392,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", default=None,
                     help="sampling steps per stage, comma-separated (default: the bundled workflows': wan 20, "
                          "ltx23 20,3)")
-    ap.add_argument("--calibration", type=cli_args.existing_file, default=None,
+    ap.add_argument("--calibration", default=None,
                     help="calibration file for the time estimate (default: this device's, from "
                          "python -m attention_core.calibrate)")
     a = ap.parse_args(argv)

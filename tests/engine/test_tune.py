@@ -324,6 +324,6 @@ def test_both_score_layouts_of_the_layout_check_are_torch_attention(keys_major):
 
 
 def test_layout_check_cli_prints_both_layouts(capsys):
-    assert tune.main(["--layouts", "2", "--presets", "reference", "--max-n", "256", "--rows", "64"]) == 0
+    assert tune.main(["--layouts", "2", "--presets", "reference", "--max-n", "512", "--rows", "64"]) == 0
     out = capsys.readouterr().out
     assert "queries-major" in out and "keys-major" in out and "max |diff|" in out
