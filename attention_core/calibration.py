@@ -18,11 +18,12 @@ KINDS = ("pack", "subquad", "math")
 
 
 def calibration_path(device: str = "cpu", dtype: str = "fp32") -> str:
-    """<profile dir>/calibration-<device name>-<dtype>.json (profiles.profile_dir decides the folder)."""
-    from .profiles import _device_name, profile_dir
+    """calibration-<device name>-<dtype>.json: the first that exists in profiles.profile_dirs() (ComfyUI's user
+    folder, then where a shell's calibrate writes), else where this process would write it."""
+    from .profiles import _device_name, find_profile_file
     name, arch = _device_name(device)
     slug = re.sub(r"[^A-Za-z0-9]+", "-", f"{name}-{arch}").strip("-").lower()[:80] or "device"
-    return os.path.join(profile_dir(), f"calibration-{slug}-{dtype}.json")
+    return find_profile_file(f"calibration-{slug}-{dtype}.json")
 
 
 def _positive(x) -> bool:

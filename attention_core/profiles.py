@@ -1,8 +1,8 @@
 """Per-device tile profiles: where they live, loading and saving them, and the planner's question `tuned_blocks`.
 
-A profile is JSON, one file per device name, arch and torch version, in ComfyUI's user directory
-(<user>/tiled-attention/) when running inside ComfyUI, else $TILED_ATTENTION_PROFILE_DIR, else
-~/.cache/tiled-attention/. `python -m attention_core.tune` writes them (timing needs the engine; this module does
+A profile is JSON, one file per device name, arch and torch version, looked for in ComfyUI's user directory
+(<user>/tiled-attention/) when running inside ComfyUI, then in $TILED_ATTENTION_PROFILE_DIR if set, else in
+~/.cache/tiled-attention/ (profile_dirs: a profile tuned from a shell is found inside ComfyUI too). `python -m attention_core.tune` writes them (timing needs the engine; this module does
 not, so the driver can ask it without an import circle).
 
 `tuned_blocks(...)`: the profile's tile for the nearest tuned shape (same tier, dtype and head dim, key and head
@@ -57,27 +57,52 @@ def _device_name(device) -> Tuple[str, str]:
     return name or "cpu", platform.machine() or "cpu"
 
 
-def profile_dir() -> str:
-    """ComfyUI's user directory when ComfyUI is running in this process, else $TILED_ATTENTION_PROFILE_DIR, else
-    the per-user cache (~/.cache/tiled-attention or $XDG_CACHE_HOME/tiled-attention)."""
+def profile_dirs() -> list:
+    """Where profiles and calibrations are looked for, in order; the first is where this process writes them:
+    ComfyUI's user directory/tiled-attention when ComfyUI is running in this process, then
+    $TILED_ATTENTION_PROFILE_DIR if set, else the per-user cache (~/.cache/tiled-attention or
+    $XDG_CACHE_HOME/tiled-attention) -- so what `python -m attention_core.tune` / `calibrate` saved from a shell
+    is found inside ComfyUI too, unless ComfyUI's user directory holds a file of the same name."""
+    dirs = []
     fp = sys.modules.get("folder_paths")
     if fp is not None and hasattr(fp, "get_user_directory"):
         try:
-            return os.path.join(fp.get_user_directory(), "tiled-attention")
+            dirs.append(os.path.join(fp.get_user_directory(), "tiled-attention"))
         except Exception:  # noqa: BLE001 - a ComfyUI without a user directory: fall back
             pass
     if os.environ.get(ENV_DIR):
-        return os.environ[ENV_DIR]
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "tiled-attention")
+        dirs.append(os.environ[ENV_DIR])
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        dirs.append(os.path.join(base, "tiled-attention"))
+    return list(dict.fromkeys(dirs))
 
 
-def profile_path(device="cpu") -> str:
-    """The profile file of `device`: keyed by device name, arch and torch version."""
+def profile_dir() -> str:
+    """The folder this process writes profiles and calibrations to (profile_dirs()[0])."""
+    return profile_dirs()[0]
+
+
+def find_profile_file(name: str) -> str:
+    """The first `name` that exists in profile_dirs(), else where it would be written (in profile_dir())."""
+    for d in profile_dirs():
+        path = os.path.join(d, name)
+        if os.path.isfile(path):
+            return path
+    return os.path.join(profile_dir(), name)
+
+
+def profile_name(device="cpu") -> str:
+    """The file name of `device`'s profile: keyed by device name, arch and torch version."""
     import torch
     name, arch = _device_name(device)
     slug = re.sub(r"[^A-Za-z0-9]+", "-", f"{name}-{arch}-torch{torch.__version__}").strip("-").lower()
-    return os.path.join(profile_dir(), f"{slug}.json")
+    return f"{slug}.json"
+
+
+def profile_path(device="cpu") -> str:
+    """The profile `auto` reads for `device`: the first in profile_dirs() that exists, else where tune writes."""
+    return find_profile_file(profile_name(device))
 
 
 TIER_NAMES = ("chunked", "inplace", "online")  # the forward tiers a profile may name (tiers.ORDER; no import)
@@ -213,6 +238,6 @@ def lookup(q_shape, dtype, device="cpu", tier="chunked") -> Optional[dict]:
 
 def save_profile(prof: dict, device="cpu", path: Optional[str] = None) -> str:
     """Write `prof` to `path` (default: this device's profile path) atomically; the path."""
-    path = atomic_write_json(path or profile_path(device), prof)
+    path = atomic_write_json(path or os.path.join(profile_dir(), profile_name(device)), prof)
     _cache.pop(path, None)
     return path

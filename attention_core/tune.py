@@ -258,11 +258,12 @@ def main(argv=None) -> int:
     path = save_profile(prof, device, a.out)
     read = profile_path(device)
     if os.path.abspath(path) == os.path.abspath(read):
-        print(f"saved {path}; tier 'auto' uses it outside ComfyUI (inside ComfyUI it reads <ComfyUI user "
-              f"directory>/tiled-attention/{os.path.basename(read)}; TILED_ATTENTION_TUNE=off ignores profiles)")
+        print(f"saved {path}; tier 'auto' uses it, in ComfyUI too (unless <ComfyUI user directory>/tiled-attention/"
+              f"{os.path.basename(read)} exists, which ComfyUI reads first; TILED_ATTENTION_TUNE=off ignores "
+              "profiles)")
     else:
-        print(f"saved {path}; tier 'auto' does not read this path: it reads {read} (inside ComfyUI: <ComfyUI user "
-              f"directory>/tiled-attention/{os.path.basename(read)}); copy the file there to use it")
+        print(f"saved {path}; tier 'auto' does not read this path: it reads {read} (inside ComfyUI first <ComfyUI "
+              f"user directory>/tiled-attention/{os.path.basename(read)}); copy the file there to use it")
     return 0
 
 

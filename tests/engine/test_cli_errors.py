@@ -182,7 +182,7 @@ def test_tune_says_whether_auto_reads_the_profile(tmp_path, monkeypatch, capsys)
     assert tune.main(TINY_TUNE) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     read = profiles.profile_path("cpu")
-    assert last.startswith(f"saved {read}; tier 'auto' uses it outside ComfyUI") and os.path.isfile(read)
+    assert last.startswith(f"saved {read}; tier 'auto' uses it, in ComfyUI too") and os.path.isfile(read)
     os.remove(read)
     out = tmp_path / "elsewhere.json"
     assert tune.main(TINY_TUNE + ["--out", str(out)]) == 0

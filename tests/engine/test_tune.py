@@ -327,3 +327,27 @@ def test_layout_check_cli_prints_both_layouts(capsys):
     assert tune.main(["--layouts", "2", "--presets", "reference", "--max-n", "512", "--rows", "64"]) == 0
     out = capsys.readouterr().out
     assert "queries-major" in out and "keys-major" in out and "max |diff|" in out
+
+
+def test_a_profile_and_calibration_saved_from_a_shell_are_found_inside_comfyui(profdir, tmp_path, monkeypatch):
+    """tune / calibrate run from a shell write to the per-user folder; inside ComfyUI (folder_paths loaded) the
+    user directory is read first, then that folder, so the shell's files are used; a file in the user directory
+    takes precedence, and what ComfyUI saves goes to its user directory."""
+    import types
+    from attention_core import calibration
+    shell_saved = write([entry()])
+    cal_name = os.path.basename(calibration.calibration_path("cpu", "fp32"))
+    cal_shell = os.path.join(str(profdir), cal_name)
+    with open(cal_shell, "w") as f:
+        f.write("{}")
+    user = tmp_path / "comfy-user"
+    monkeypatch.setitem(sys.modules, "folder_paths",
+                        types.SimpleNamespace(get_user_directory=lambda: str(user)))
+    profiles._cache.clear()
+    assert profiles.profile_path("cpu") == shell_saved
+    assert profiles.load_profile("cpu") is not None
+    assert calibration.calibration_path("cpu", "fp32") == cal_shell
+    in_comfy = write([entry(block_q=64)])
+    assert os.path.dirname(in_comfy) == str(user / "tiled-attention")
+    assert profiles.profile_path("cpu") == in_comfy
+    assert profiles.load_profile("cpu")["entries"][0]["block_q"] == 64
