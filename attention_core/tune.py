@@ -97,6 +97,10 @@ def choose(timed, tolerance=TOLERANCE):
     return min(ok, key=lambda ct: (ct[0][0] * ct[0][1] * ct[0][2], ct[1]))
 
 
+class NoCandidateRan(RuntimeError):
+    """Every candidate tile of a shape failed (out of memory, most likely)."""
+
+
 def tune_shape(heads, n, dim, dtype, device, tier, rows, repeats, log=print):
     """Time the engine's own plan and every candidate on the first `rows` query rows; the profile entry: the
     smallest tile within TOLERANCE of the fastest (`use` false when that is the engine's own tile)."""
@@ -131,7 +135,7 @@ def tune_shape(heads, n, dim, dtype, device, tier, rows, repeats, log=print):
             log(f"    block_q {c[0]:>4} x keys {c[1]:>5} x {c[2]:>2} heads: {1000 * t:8.1f} ms")
             timed.append((c, t))
     if not timed:
-        raise RuntimeError(f"no tile candidate ran for {tier} {heads}x{dim} N={n} {dtype} on {device}")
+        raise NoCandidateRan(f"no tile candidate ran for {tier} {heads}x{dim} N={n} {dtype} on {device}")
     own = tuple(engine_tile(heads, n, rows, dt, device, tier))
     best, best_t = choose(timed)  # the candidate kept in the entry
     pick, pick_t = choose(timed + [(own, base)])  # the engine's own tile competes too: use = a candidate won
@@ -209,7 +213,10 @@ def tune(device, dtypes, shapes, tiers, rows, repeats, log=print) -> dict:
     for dtype in dtypes:
         for tier in tiers:
             for heads, n, dim in shapes:
-                prof["entries"].append(tune_shape(heads, n, dim, dtype, device, tier, rows, repeats, log))
+                try:
+                    prof["entries"].append(tune_shape(heads, n, dim, dtype, device, tier, rows, repeats, log))
+                except NoCandidateRan as e:  # e.g. every tile out of memory: this shape keeps the engine's rule
+                    log(f"  skipped: {e}")
     return prof
 
 
@@ -255,6 +262,10 @@ def main(argv=None) -> int:
         return 0
     prof = tune(device, dtypes, shapes, [t.strip() for t in a.tiers.split(",")], a.rows, a.repeats,
                 log=lambda s: print(s, flush=True))
+    if not prof["entries"]:
+        print(f"error: no shape could be tuned on {device} (every candidate tile failed; see the lines above): "
+              "nothing saved; try --rows smaller, --max-n smaller or fewer --presets", file=sys.stderr)
+        return 1
     path = save_profile(prof, device, a.out)
     read = profile_path(device)
     if os.path.abspath(path) == os.path.abspath(read):

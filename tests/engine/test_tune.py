@@ -351,3 +351,24 @@ def test_a_profile_and_calibration_saved_from_a_shell_are_found_inside_comfyui(p
     assert os.path.dirname(in_comfy) == str(user / "tiled-attention")
     assert profiles.profile_path("cpu") == in_comfy
     assert profiles.load_profile("cpu")["entries"][0]["block_q"] == 64
+
+
+def test_a_shape_whose_every_candidate_fails_is_skipped_not_fatal(profdir, monkeypatch, capsys):
+    """Every candidate out of memory (simulated) on one shape: the run goes on, that shape is logged as skipped;
+    nothing tuned at all: one error line, exit 1, no profile written."""
+    real = tune.run_blocks
+
+    def oom_for_8_heads(q, k, v, blocks, tier="chunked"):
+        if q.shape[1] == 8:
+            raise torch.OutOfMemoryError("simulated")
+        return real(q, k, v, blocks, tier)
+    monkeypatch.setattr(tune, "run_blocks", oom_for_8_heads)
+    lines = []
+    prof = tune.tune("cpu", ["float32"], [(8, 512, 64), (2, 512, 64)], ["chunked"], 64, 1, log=lines.append)
+    assert [e["heads"] for e in prof["entries"]] == [2]
+    assert any(ln.startswith("  skipped: no tile candidate ran") for ln in lines)
+    monkeypatch.setattr(tune, "run_blocks", lambda *a, **k: (_ for _ in ()).throw(torch.OutOfMemoryError("x")))
+    assert tune.main(["--presets", "reference", "--max-n", "512", "--rows", "64", "--repeats", "1",
+                      "--dtype", "float32", "--device", "cpu"]) == 1
+    assert "error: no shape could be tuned" in capsys.readouterr().err
+    assert not os.path.exists(profiles.profile_path("cpu"))
