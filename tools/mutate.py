@@ -188,6 +188,10 @@ EQUIVALENT += [
      "g % rep is never negative"),
     ("attention_core/parallel.py", "rep = rep if g % rep == 0 else g", "rep = rep if g % rep >= 0 else g",
      "the else is unreachable: P divides H = Hkv * g, so rep = P // gcd(Hkv, P) divides g"),
+] + [("attention_core/parallel.py", "g = H // Hkv", f"g = H {op} Hkv",
+       "g only decides `rep if g % rep == 0 else g`; Ulysses requires P | H and rep divides P, so this g (a "
+       "multiple of H, H / Hkv as a float, or 0) is a multiple of rep whenever the true one is") for op in
+     ("*", "/", "%", "**", "<<")
 ] + [("attention_core/parallel.py",
       "if Hkv % P:  # fewest kv-head copies so that kv heads split with their query heads",
       f"if Hkv {op} P:  # fewest kv-head copies so that kv heads split with their query heads",

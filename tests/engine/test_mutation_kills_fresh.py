@@ -250,9 +250,11 @@ def test_the_plan_says_math_does_not_fit_exactly_when_it_needs_more_than_is_free
     need = est["math"]
     fits = plan.report(plan.estimate("wan22-5b", 832, 480, 41, free=need, dtype_bytes=2))
     short = plan.report(plan.estimate("wan22-5b", 832, 480, 41, free=need - 1, dtype_bytes=2))
-    math_line = [ln for ln in fits.splitlines() if "torch math SDPA" in ln]
-    assert math_line and "DOES NOT FIT" not in math_line[0]
-    assert "without the pack" not in fits
+    ample = plan.report(plan.estimate("wan22-5b", 832, 480, 41, free=2 * need, dtype_bytes=2))
+    for text in (fits, ample):
+        math_line = [ln for ln in text.splitlines() if "torch math SDPA" in ln]
+        assert math_line and "DOES NOT FIT" not in math_line[0]
+        assert "without the pack" not in text
     assert [ln for ln in short.splitlines() if "torch math SDPA" in ln and "DOES NOT FIT" in ln]
     assert "without the pack: math SDPA needs" in short
 

@@ -21,6 +21,7 @@ WORLD = 4
 CASES = {  # name -> (H, Hkv); B = 1, n = 4 tokens per rank, D = 16, float64
     "kv_copied_twice": (8, 2),  # Hkv % P = 2: 2 copies (4 kv heads, one per rank), not all 4 (8 heads)
     "mqa": (8, 1),  # gcd(1, 4) = 1: 4 copies (one kv head a rank), not all 8
+    "kv_odd": (12, 3),  # gcd(3, 4) = 1: 4 copies, here all of them (12 heads)
     "kv_split_as_is": (8, 4),  # P | Hkv: no copies
     "mha": (4, 4),
 }
