@@ -469,7 +469,7 @@ def report(results: dict, totals: dict, deselected: dict, args, out=sys.stdout, 
     w = out.write
     meta = meta or {"seed": args.seed, "fresh": False, "commit": "unknown"}
     w(f"\n# Mutation testing (cosmic-ray; {'fresh ' if meta.get('fresh') else ''}seed {meta.get('seed')}, "
-      f"sample {args.sample or 'all'} per module)\n\n")
+      f"sample {meta.get('sample', args.sample) or 'all'} per module)\n\n")
     for module, ms in results.items():
         w(f"**{headline(module, ms, meta, rescored)}**\n\n")
     w("| module | mutants | sampled | killed | survived | timeout | equivalent | score | without the kill tests |\n")
@@ -538,7 +538,7 @@ def main(argv=None):
     os.environ.setdefault("COMFYUI_PATH", str(ROOT / ".cache" / "comfyui-0.3.75"))
     os.environ.setdefault("COMFYUI_LATEST_PATH", str(ROOT / ".cache" / "comfyui-0.33.0"))
     modules = sorted(MODULES) if args.module == "all" else [args.module]
-    meta = choose_seed(args.seed)
+    meta = {**choose_seed(args.seed), "sample": args.sample}
     args.seed = meta["seed"]
     if not args.list:
         print(f"[mutate] {'fresh seed' if meta['fresh'] else 'seed (given)'} {meta['seed']}"
