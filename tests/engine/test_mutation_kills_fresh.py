@@ -261,26 +261,28 @@ def test_the_plan_says_math_does_not_fit_exactly_when_it_needs_more_than_is_free
 
 # ---- tune.py: the command line --------------------------------------------------------------------------------
 
-TINY = ["--presets", "reference", "--max-n", "256", "--rows", "64", "--repeats", "1", "--dtype", "float32",
-        "--device", "cpu"]
+TINY_SHAPE = ["--presets", "reference", "--max-n", "256", "--rows", "64", "--repeats", "1"]
+TINY = TINY_SHAPE + ["--dtype", "float32", "--device", "cpu"]
 
 
-def _check_tiny_profile(path):
+def _check_tiny_profile(path, dtype="float32"):
     import json
     with open(path) as f:
         prof = json.load(f)
     (e,) = prof["entries"]  # the reference preset's 3 lengths all capped to 256: one shape
-    assert (e["tier"], e["dtype"], e["heads"], e["n"], e["dim"]) == ("chunked", "float32", 16, 256, 64)
+    assert (e["tier"], e["dtype"], e["heads"], e["n"], e["dim"]) == ("chunked", dtype, 16, 256, 64)
     assert e["block_kv"] == 256 and 16 % e["heads_per_group"] == 0 and e["rows_timed"] == 64
 
 
 def test_tune_main_tunes_the_presets_capped_to_max_n_and_saves_the_profile(tmp_path, capsys):
+    """Defaults: the accelerator if any (else the CPU), float16 there, float32 on the CPU."""
     from attention_core import tune
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     out = tmp_path / "p.json"
-    assert tune.main(TINY + ["--out", str(out)]) == 0
+    assert tune.main(TINY_SHAPE + ["--out", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "tuning cpu" in text and "[(16, 256, 64)]" in text and f"saved {out}" in text
-    _check_tiny_profile(out)
+    assert f"tuning {device}" in text and "[(16, 256, 64)]" in text and f"saved {out}" in text
+    _check_tiny_profile(out, "float32" if device == "cpu" else "float16")
 
 
 def test_tune_command_line_writes_the_profile_the_planner_reads(tmp_path):
