@@ -1,0 +1,298 @@
+"""Tests for the survivors of a fresh mutation sample (issue 17 item 10), each shown red with its mutant applied.
+
+They go through public entry points (scaled_dot_product_attention, ops.attention_forward, chunk_ffn, the plan
+report, `python -m attention_core.tune`) and measure what a user would notice: an error message, the answer's
+shape, the memory a call holds (LiveBytes), the text of a report. The kv-head replication of Ulysses is tested in
+test_parallel_kv_copies.py (it needs torch.distributed worker processes).
+"""
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attention_core import TIER_CHOICES, chunk_ffn, ops, plan, profiles
+from attention_core import scaled_dot_product_attention as sdpa
+from live_bytes import peak_bytes
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+# ---- autograd.py: the vmap rule refuses a vmapped dropout seed -------------------------------------------------
+
+def test_dropout_under_vmap_with_different_randomness_names_the_seed():
+    """vmap(randomness="different") draws one dropout seed per sample; the engine's vmap rule cannot fold those
+    into one call and must say so (not fail later on a seed tensor of several elements)."""
+    q = torch.randn(3, 1, 2, 8, 4)
+    k, v = torch.randn(1, 2, 8, 4), torch.randn(1, 2, 8, 4)
+    with pytest.raises(RuntimeError, match="dropout seed cannot be vmapped"):
+        torch.func.vmap(lambda q: sdpa(q, k, v, dropout_p=0.5), randomness="different")(q)
+    # a batched mask is no seed: it is folded, with or without dropout (randomness="same": one seed)
+    m = torch.randn(3, 1, 1, 8, 8)
+    out = torch.func.vmap(lambda q, m: sdpa(q, k, v, attn_mask=m, dropout_p=0.5), randomness="same")(q, m)
+    assert out.shape == (3, 1, 2, 8, 4) and torch.isfinite(out).all()
+
+
+# ---- driver.py: a tuned tile is checked against the budget with every batch x group row ------------------------
+
+def test_a_tuned_tile_over_the_budget_for_all_batch_rows_is_not_taken(tmp_path, monkeypatch):
+    """The profile's tile (2 heads x 32 rows x 256 keys) covers B x G = 16 query rows of each kv head here; at a
+    budget that fits it for 8 of them only, the call must plan its own tile: the memory it holds is what it holds
+    without the profile (LiveBytes), not the 2x larger tuned tile."""
+    monkeypatch.delitem(sys.modules, "folder_paths", raising=False)
+    monkeypatch.setenv(profiles.ENV_DIR, str(tmp_path))
+    monkeypatch.delenv(profiles.ENV_SWITCH, raising=False)
+    B, G, Hkv, L, D = 4, 4, 4, 256, 8
+    entry = {"tier": "chunked", "dtype": "float32", "heads": Hkv, "dim": D, "n": L, "rows_timed": L,
+             "block_q": 32, "block_kv": L, "heads_per_group": 2, "ms": 1.0, "untuned_ms": 2.0, "use": True}
+    profiles.save_profile({"version": profiles.PROFILE_VERSION, "device": "x", "arch": "y",
+                           "torch": torch.__version__, "entries": [entry]}, "cpu")
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(B, Hkv * G, L, D, generator=g)
+    k, v = (torch.randn(B, Hkv, L, D, generator=g) for _ in range(2))
+    # fp32 chunked tiles hold 8 bytes a score (memory.bytes_per_score); the tuned tile fits the budget for 8
+    # batch x group rows, not for B x G = 16
+    budget = 8 * 8 * 32 * L * 2
+    with_profile = peak_bytes(ops.attention_forward, q, k, v, enable_gqa=True, memory_budget=budget)
+    monkeypatch.setenv(profiles.ENV_SWITCH, "off")
+    without = peak_bytes(ops.attention_forward, q, k, v, enable_gqa=True, memory_budget=budget)
+    assert with_profile <= 1.1 * without, (with_profile, without)
+    # and the answer is torch's
+    monkeypatch.delenv(profiles.ENV_SWITCH)
+    out, _ = ops.attention_forward(q, k, v, enable_gqa=True, memory_budget=budget)
+    ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), enable_gqa=True)
+    assert (out.double() - ref).abs().max() < 1e-5
+
+
+def test_a_tuned_tile_is_taken_exactly_when_it_fits_for_all_batch_rows(tmp_path, monkeypatch):
+    """B = 2, G = 3 (6 query rows of each kv head per tile row, a count no other combination of 2 and 3 gives):
+    at a budget of exactly the tuned tile for 6 rows the profile's tile runs; one byte less, the engine's own."""
+    from attention_core import driver
+    monkeypatch.delitem(sys.modules, "folder_paths", raising=False)
+    monkeypatch.setenv(profiles.ENV_DIR, str(tmp_path))
+    monkeypatch.delenv(profiles.ENV_SWITCH, raising=False)
+    B, G, Hkv, L, D = 2, 3, 4, 256, 8
+    entry = {"tier": "chunked", "dtype": "float32", "heads": Hkv, "dim": D, "n": L, "rows_timed": L,
+             "block_q": 32, "block_kv": L, "heads_per_group": 2, "ms": 1.0, "untuned_ms": 2.0, "use": True}
+    profiles.save_profile({"version": profiles.PROFILE_VERSION, "device": "x", "arch": "y",
+                           "torch": torch.__version__, "entries": [entry]}, "cpu")
+    seen = []
+    real = driver.TIERS["chunked"]
+
+    def spy(src, block_q, block_kv, need_stats):
+        seen.append((src.p.Hkv, block_q, block_kv))
+        return real(src, block_q, block_kv, need_stats)
+    monkeypatch.setitem(driver.TIERS, "chunked", spy)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(B, Hkv * G, L, D, generator=g)
+    k, v = (torch.randn(B, Hkv, L, D, generator=g) for _ in range(2))
+    exact = 8 * B * G * 32 * L * 2  # 8 bytes a score (fp32 chunked) x 6 rows x 32 x 256 keys x 2 heads
+    ops.attention_forward(q, k, v, enable_gqa=True, memory_budget=exact)
+    assert seen == [(2, 32, L), (2, 32, L)]
+    seen.clear()
+    ops.attention_forward(q, k, v, enable_gqa=True, memory_budget=exact - 1)
+    assert seen and (2, 32, L) not in seen
+
+
+# ---- ffn.py: the hidden width and the shape of the pieces' outputs ---------------------------------------------
+
+class Gate(torch.nn.Module):
+    """Token-wise, no Linear inside: the hidden width is unknown."""
+    def forward(self, x):
+        return x * torch.sigmoid(x)
+
+
+class QuantLinear(torch.nn.Module):
+    """A quantised linear layer as loaders make them (not a torch.nn.Linear, but with out_features)."""
+    def __init__(self, n_in, n_out):
+        super().__init__()
+        self.in_features, self.out_features = n_in, n_out
+        self.weight = torch.nn.Parameter(torch.randn(n_out, n_in))
+
+    def forward(self, x):
+        return x @ self.weight.t()
+
+
+def test_a_module_without_linear_has_no_hidden_width_and_auto_chunks_assume_4x(monkeypatch):
+    """hidden_features: the widest Linear or linear-like layer (out_features), 0 without one; FFN Chunking's auto
+    count then assumes a 4 x width activation."""
+    import attention_core.ffn as ffn
+    assert ffn.hidden_features(Gate()) == 0
+    assert ffn.hidden_features(torch.nn.Sequential(torch.nn.Linear(8, 48), torch.nn.GELU(),
+                                                   torch.nn.Linear(48, 8))) == 48
+    assert ffn.hidden_features(torch.nn.Sequential(QuantLinear(8, 96), torch.nn.GELU(),
+                                                   torch.nn.Linear(96, 8))) == 96
+    monkeypatch.setattr(ffn, "free_memory", lambda device: 1 << 20)
+    w = chunk_ffn(Gate(), chunks=0)
+    assert w.hidden == 0
+    x = torch.empty(2, 1000, 24)
+    # 2 (pre- and post-activation) x 2000 tokens x 96 hidden x 4 bytes against a quarter of 1 MiB
+    expected = math.ceil(2 * 2 * 1000 * 4 * 24 * 4 / ((1 << 20) * ffn.AUTO_SHARE))
+    assert w.chunk_count(x) == expected == 6
+
+
+class OneRow(torch.nn.Module):
+    """Ignores the tokens' values and returns one row: identical for every piece, so both partitions agree."""
+    def __init__(self):
+        super().__init__()
+        self.row = torch.nn.Parameter(torch.randn(1, 1, 8))
+
+    def forward(self, x):
+        return self.row.expand(x.shape[0], 1, x.shape[-1])
+
+
+class PerTokenScore(torch.nn.Module):
+    """Token-wise, but drops the feature axis: [B, N, C] -> [B, N]."""
+    def forward(self, x):
+        return x.square().sum(-1)
+
+
+class PerTokenPair(torch.nn.Module):
+    """Token-wise, but adds an axis: [B, N, C] -> [B, N, C, 2]."""
+    def forward(self, x):
+        return torch.stack([x, -x], dim=-1)
+
+
+def test_outputs_without_a_row_per_token_run_unchunked():
+    """A piece's output must be one tensor of the input's rank with one row per token of the piece; anything
+    else runs as the plain module (same answer, same shape), never stitched together from pieces."""
+    x = torch.randn(2, 12, 8)
+    for module in (OneRow(), PerTokenScore(), PerTokenPair()):
+        with torch.no_grad():
+            ref = module(x)
+            w = chunk_ffn(module, chunks=3)
+            out = module(x)
+        assert out.shape == ref.shape and torch.equal(out, ref), type(module).__name__
+        assert w.calls_chunked == 0 and w.verified is False, type(module).__name__
+
+
+class Register(torch.nn.Module):
+    """Token-wise until `append` is set (same input shape, so the same verdict); then it adds a register token."""
+    def __init__(self):
+        super().__init__()
+        self.append = False
+
+    def forward(self, x):
+        y = x * 2
+        return torch.cat([y, y[:, :1] * 0], dim=1) if self.append else y
+
+
+def test_a_module_that_starts_returning_more_tokens_after_the_check_runs_whole():
+    """A checked signature whose pieces later come back with more rows than they had tokens: the plain call is
+    the answer (not an error from stitching the pieces)."""
+    module = Register()
+    x = torch.randn(2, 12, 8)
+    with torch.no_grad():
+        w = chunk_ffn(module, chunks=3)
+        assert torch.equal(module(x), x * 2) and w.calls_chunked == 1
+        module.append = True
+        out = module(x)
+    assert out.shape == (2, 13, 8) and torch.equal(out[:, :12], x * 2) and w.calls_chunked == 1
+
+
+def test_pieces_longer_than_256_tokens_are_chunked_exactly():
+    """Piece lengths are compared by value (CPython caches only small ints: an identity test would reject every
+    piece past 256 tokens and silently never chunk)."""
+    torch.manual_seed(5)
+    module = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+    x = torch.randn(1, 1200, 8)
+    with torch.no_grad():
+        ref = module(x)
+        w = chunk_ffn(module, chunks=2)
+        out = module(x)
+    assert w.verified and w.calls_chunked == 1
+    assert torch.allclose(out, ref, atol=1e-6)
+
+
+# ---- ops.py: empty problems ------------------------------------------------------------------------------------
+
+EMPTY = {  # (q, k/v) shapes [B, H, L, E]; every one has a zero somewhere
+    "batch": ((0, 2, 5, 4), (0, 2, 6, 4)),
+    "heads": ((1, 0, 5, 4), (1, 0, 6, 4)),
+    "query_heads_gqa": ((1, 0, 5, 4), (1, 2, 6, 4)),
+    "queries": ((1, 2, 0, 4), (1, 2, 6, 4)),
+    "keys": ((1, 2, 5, 4), (1, 2, 0, 4)),
+}
+
+
+@pytest.mark.parametrize("tier", TIER_CHOICES)
+@pytest.mark.parametrize("case", list(EMPTY))
+def test_empty_problems_give_torchs_answer_and_gradients(case, tier):
+    """Forward and backward of a problem with an empty dimension equal torch's math SDPA on float64 copies (no
+    keys: torch gives NaN rows; the engine's documented answer is zeros, so that case checks the shape and zero
+    gradients)."""
+    qs, ks = EMPTY[case]
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(*s, generator=g, dtype=torch.float64).requires_grad_(True) for s in (qs, ks, ks))
+    gqa = qs[1] != ks[1]
+    out = sdpa(q, k, v, enable_gqa=gqa, tier=tier)
+    (out * 1.5).sum().backward()
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    ref = F.scaled_dot_product_attention(*leaves, enable_gqa=gqa)
+    (ref * 1.5).sum().backward()
+    assert out.shape == ref.shape
+    if case == "keys":
+        assert torch.equal(out, torch.zeros_like(out))
+    else:
+        assert torch.equal(out, ref)
+    for mine, theirs in zip((q, k, v), leaves):
+        assert mine.grad is not None and mine.grad.shape == theirs.shape
+        assert torch.equal(mine.grad, torch.zeros_like(mine.grad)), case
+
+
+# ---- plan.py: "without the pack: math SDPA needs ..." only when it does not fit ----------------------------------
+
+def test_the_plan_says_math_does_not_fit_exactly_when_it_needs_more_than_is_free():
+    est = plan.estimate("wan22-5b", 832, 480, 41, free=1 << 40, dtype_bytes=2)
+    need = est["math"]
+    fits = plan.report(plan.estimate("wan22-5b", 832, 480, 41, free=need, dtype_bytes=2))
+    short = plan.report(plan.estimate("wan22-5b", 832, 480, 41, free=need - 1, dtype_bytes=2))
+    ample = plan.report(plan.estimate("wan22-5b", 832, 480, 41, free=2 * need, dtype_bytes=2))
+    for text in (fits, ample):
+        math_line = [ln for ln in text.splitlines() if "torch math SDPA" in ln]
+        assert math_line and "DOES NOT FIT" not in math_line[0]
+        assert "without the pack" not in text
+    assert [ln for ln in short.splitlines() if "torch math SDPA" in ln and "DOES NOT FIT" in ln]
+    assert "without the pack: math SDPA needs" in short
+
+
+# ---- tune.py: the command line --------------------------------------------------------------------------------
+
+TINY_SHAPE = ["--presets", "reference", "--max-n", "256", "--rows", "64", "--repeats", "1"]
+TINY = TINY_SHAPE + ["--dtype", "float32", "--device", "cpu"]
+
+
+def _check_tiny_profile(path, dtype="float32"):
+    import json
+    with open(path) as f:
+        prof = json.load(f)
+    (e,) = prof["entries"]  # the reference preset's 3 lengths all capped to 256: one shape
+    assert (e["tier"], e["dtype"], e["heads"], e["n"], e["dim"]) == ("chunked", dtype, 16, 256, 64)
+    assert e["block_kv"] == 256 and 16 % e["heads_per_group"] == 0 and e["rows_timed"] == 64
+
+
+def test_tune_main_tunes_the_presets_capped_to_max_n_and_saves_the_profile(tmp_path, capsys):
+    """Defaults: the accelerator if any (else the CPU), float16 there, float32 on the CPU."""
+    from attention_core import tune
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    out = tmp_path / "p.json"
+    assert tune.main(TINY_SHAPE + ["--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert f"tuning {device}" in text and "[(16, 256, 64)]" in text and f"saved {out}" in text
+    _check_tiny_profile(out, "float32" if device == "cpu" else "float16")
+
+
+def test_tune_command_line_writes_the_profile_the_planner_reads(tmp_path):
+    """`python -m attention_core.tune` as a user runs it: the profile lands in $TILED_ATTENTION_PROFILE_DIR under
+    this device's name, and tuned_blocks reads it."""
+    env = {**os.environ, profiles.ENV_DIR: str(tmp_path), "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+    env.pop(profiles.ENV_SWITCH, None)
+    proc = subprocess.run([sys.executable, "-m", "attention_core.tune", *TINY], cwd=str(tmp_path), env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (path,) = tmp_path.glob("*.json")
+    assert f"saved {path}" in proc.stdout
+    _check_tiny_profile(path)
