@@ -12,7 +12,6 @@ A backward run with grad mode on (create_graph=True, torch.func.grad) takes a di
 (plain torch ops; it keeps the full score matrix for the graph, O(Lq * Lk) memory); first-order backward never
 does.
 """
-from __future__ import annotations
 
 import re
 from typing import Optional, Tuple
