@@ -8,8 +8,13 @@ Public API
     detect(device=None) -> DeviceReport         does this device need tiled attention?
     enable(), disable(), is_enabled(), patched()  optional global patch of torch's SDPA (never at import)
     chunk_ffn(module, chunks=0), ChunkedFFN      exact token-chunked feed-forward
-Importing this package changes nothing global.
+Importing this package changes nothing global; under torch < 2.5 it raises torch_version.TorchTooOld (an
+ImportError naming the torch needed).
 """
+from .torch_version import require_torch
+
+require_torch()  # before anything that needs torch >= 2.5: one clear ImportError, not an AttributeError
+
 from .detection import DeviceReport, detect
 from .ffn import ChunkedFFN, chunk_ffn, unchunk_ffn
 from .memory import AttentionMemoryError

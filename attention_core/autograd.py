@@ -7,12 +7,12 @@ Tensors are in problem.py's canonical layout; everything else is a schema type (
 torch.compile(fullgraph=True) traces through the call and tile planning (free memory, data-dependent bounds)
 happens inside the op (fake rules give the shapes). Both ops have vmap rules (the vmapped dim folded into the
 batch dim). TiledAttention (setup_context, generate_vmap_rule) saves q, k, v, the mask, O and the fp32 L and
-row max only: O(N) memory; it works under torch.func (grad, vmap, jacrev; not forward-mode AD: jvp, hessian).
+row max only: O(N) memory; it works under torch.func (grad, vmap, jacrev) and forward-mode AD (jvp, jacfwd,
+hessian, torch.autograd.forward_ad: a tiled rule given O and L, tangents.py).
 A backward run with grad mode on (create_graph=True, torch.func.grad) takes a differentiable recompute instead
 (plain torch ops; it keeps the full score matrix for the graph, O(Lq * Lk) memory); first-order backward never
 does.
 """
-from __future__ import annotations
 
 import re
 from typing import Optional, Tuple
@@ -23,6 +23,7 @@ from torch import Tensor
 from .numerics import dropout_keep, stats_dtype
 from .ops import backward_canonical, forward_canonical
 from .problem import AttentionProblem
+from .tangents import attention_jvp, forward_mode_active
 
 
 
@@ -99,8 +100,9 @@ class TiledAttention(torch.autograd.Function):
         q5, k4, v4, mask5, seed, out5, lse, rowmax = ctx.saved_tensors
         causal, causal_offset, scale, dropout_p, *opts = ctx.config
         need_dmask = mask5 is not None and bool(ctx.needs_input_grad[3])
-        if torch.is_grad_enabled() and any(t is not None and t.requires_grad
-                                           for t in (dout5, dlse, q5, k4, v4, mask5)):
+        if (torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                            for t in (dout5, dlse, q5, k4, v4, mask5))) \
+                or forward_mode_active((dout5, dlse, q5, k4, v4, mask5)):  # forward over reverse
             dq, dk, dv, dm = differentiable_backward(dout5, dlse, q5, k4, v4, mask5, seed, causal, causal_offset,
                                                      scale, dropout_p, need_dmask)
         else:
@@ -109,10 +111,36 @@ class TiledAttention(torch.autograd.Function):
         return (dq, dk, dv, dm if need_dmask else None) + (None,) * (1 + len(ctx.config))
 
 
+class TiledAttentionForwardAD(TiledAttention):
+    """TiledAttention plus the forward-mode rule, used only when forward mode sees the call (torch.compile's
+    Dynamo cannot trace a Function that defines jvp, so the compiled path keeps TiledAttention)."""
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        TiledAttention.setup_context(ctx, inputs, output)
+        q5, k4, v4, mask5, seed, *_ = inputs
+        out5, lse, _rowmax = output
+        ctx.save_for_forward(q5, k4, v4, mask5, seed, out5, lse)
+
+    @staticmethod
+    def jvp(ctx, dq5, dk4, dv4, dmask5, _dseed, *_dconfig):
+        """Forward mode (torch.autograd.forward_ad, torch.func.jvp / jacfwd): tangents of (O5, L), tiled
+        (tangents.py); the row max gets a zero tangent (it only steers flush-to-zero)."""
+        q5, k4, v4, mask5, seed, out5, lse = ctx.saved_tensors
+        causal, causal_offset, scale, dropout_p, _tier, block_q, block_kv, *_ = ctx.config
+        if mask5 is None or mask5.dtype == torch.bool:
+            dmask5 = None
+        d_out, d_lse = attention_jvp(q5, k4, v4, mask5, seed, out5, lse, dq5, dk4, dv4, dmask5, causal,
+                                     causal_offset, scale, dropout_p, block_q, block_kv)
+        return d_out, d_lse, torch.zeros_like(lse)
+
+
 def tiled_attention(q5, k4, v4, mask5, seed, *config, need_lse: bool = True):
     """(O5, L): the differentiable engine call in the canonical layout (config as tiled_attention::fwd, less
     need_stats). Without grads and need_lse=False, L is not computed (an empty tensor)."""
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q5, k4, v4, mask5)):
+    if forward_mode_active((q5, k4, v4, mask5)):
+        out5, lse, _ = TiledAttentionForwardAD.apply(q5, k4, v4, mask5, seed, *config)
+    elif torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q5, k4, v4, mask5)):
         out5, lse, _ = TiledAttention.apply(q5, k4, v4, mask5, seed, *config)
     else:  # nothing to differentiate: the op alone (torch.compile cannot trace a Function without grads)
         out5, lse, _ = attention_fwd(q5, k4, v4, mask5, seed, *config, need_lse)

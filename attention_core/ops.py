@@ -25,6 +25,7 @@ from .driver import CallConfig, run_backward, run_forward
 from .memory import tile_budget
 from .numerics import choose_numerics, stats_dtype
 from .problem import AttentionProblem, normalize
+from .tangents import forward_mode_active
 
 TILE_OPTIONS = ("tier", "block_q", "block_kv", "memory_budget", "precision", "flush_to_zero")
 
@@ -107,7 +108,13 @@ def attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None, enab
     """(out, lse): out as torch's SDPA ([B, H, Lq, Ev], the input dtype); lse [B, H, Lq] (see the module doc).
 
     engine_kwargs: tier, block_q, block_kv, memory_budget, precision, flush_to_zero (see
-    scaled_dot_product_attention). Runs without autograd; pair it with attention_backward."""
+    scaled_dot_product_attention). Runs without autograd; pair it with attention_backward. Forward-mode AD
+    (dual tensors, torch.func.jvp) raises: it would get no tangent here."""
+    if forward_mode_active((q, k, v, attn_mask if isinstance(attn_mask, torch.Tensor) else None)):
+        raise RuntimeError("attention_core.ops.attention_forward runs without autograd, so forward-mode AD "
+                           "(torch.func.jvp / jacfwd, torch.autograd.forward_ad dual tensors) would get no tangent "
+                           "from it: call attention_core.scaled_dot_product_attention(..., return_lse=True) instead, "
+                           "which has the forward-mode rule")
     memory_budget = check_options(**engine_kwargs)
     engine_kwargs["memory_budget"] = memory_budget
     q, k, v = autocast_inputs(q, k, v)

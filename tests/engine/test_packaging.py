@@ -22,7 +22,7 @@ print(attention_core.__file__)
 def test_wheel_holds_the_engine_alone_and_it_works_installed(tmp_path):
     wheels, site, src = tmp_path / "wheels", tmp_path / "site", tmp_path / "src"
     # built from a copy: setuptools writes build/ and *.egg-info beside pyproject.toml, never into the checkout
-    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv", ".cache", "build", "*.egg-info",
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv*", ".cache", "build", "*.egg-info",
                                                                "test-artifacts", "__pycache__"))
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                             "-w", str(wheels), str(src)], capture_output=True, text=True, timeout=300)

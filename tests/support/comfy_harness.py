@@ -20,6 +20,9 @@ def missing(what):
 def require_comfy(version=None):
     """Import ComfyUI (CPU mode) once; skip (fail under CI) when it was not set up."""
     version = version or inprocess_version()
+    if os.environ.get("TILED_ATTENTION_NO_COMFYUI"):  # set by ./dev test-oldest-torch: the engine's env alone
+        pytest.skip("not applicable: the oldest-torch environment (./dev test-oldest-torch) has the engine alone; "
+                    "this test runs with ComfyUI in ./dev test")
     if comfy_path(version) is None:
         missing(f"no ComfyUI {version}: run the suite with ./dev test (it sets up the stock ComfyUIs)")
     return import_comfy(version)
