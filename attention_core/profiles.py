@@ -33,7 +33,7 @@ ENV_LAYOUT = "TILED_ATTENTION_LAYOUT"    # "queries" / "keys": force the chunked
 LAYOUTS = ("queries", "keys")            # the chunked tier's score layouts (tiers.chunked.LAYOUTS; no import)
 # score layout without a profile entry, by device kind: measured on the CPU (docs/bench-tiles-cpu.log); GPUs
 # keep the layout the engine always had until `tune` measures them
-DEFAULT_LAYOUT = {"cpu": "queries", "other": "queries"}
+DEFAULT_LAYOUT = {"cpu": "keys", "other": "queries"}
 MIN_ROWS = 16
 # transient bytes per score of a tile, as attention_core.memory.bytes_per_score counts them (fp16 tiles at 4:
 # the overflow guard may recompute one in fp32)

@@ -111,10 +111,13 @@ def test_the_profiles_layout_selects_the_keys_major_loop(profdir, keys_runs, mon
     seen = []
     real = TIERS["chunked"]
     monkeypatch.setitem(TIERS, "chunked", lambda *a, **kw: seen.append(kw.get("layout")) or real(*a, **kw))
-    write_profile({"float32": "keys", "float64": "queries"})
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, 4, 64, 16, generator=g) for _ in range(3))
     ref = math_sdpa(q.double(), k.double(), v.double())
+    sdpa(q, k, v, tier="chunked")  # no profile: the device's default (keys-major on the CPU, measured)
+    assert seen == [profiles.DEFAULT_LAYOUT["cpu"]] == ["keys"] and len(keys_runs) == 1
+    seen.clear(), keys_runs.clear()
+    write_profile({"float32": "keys", "float64": "queries"})
     for tier in ("auto", "chunked"):
         assert (sdpa(q, k, v, tier=tier).double() - ref).abs().max() < 1e-5
     assert seen == ["keys", "keys"] and len(keys_runs) == 2
