@@ -7,7 +7,8 @@ A candidate is (block_q rows, block_kv keys, heads per group). Each is timed on 
 the shape against all its keys (the work per query row is the same for every row, so the ranking holds for the
 whole call) together with the engine's own untuned plan on the same rows. The profile keeps the SMALLEST tile
 within TOLERANCE (3 %) of the fastest: a larger tile only where it buys measured speed, since tile memory is
-what the engine adds to the model's. The profile is JSON, one file per
+what the engine adds to the model's. With the chunked tier it also times the score layouts (queries-major vs
+keys-major, `layout_check`) and keeps the faster per dtype in the profile's "layouts". The profile is JSON, one file per
 device name, arch and torch version, in ComfyUI's user directory (<user>/tiled-attention/) when this runs inside
 ComfyUI, else $TILED_ATTENTION_PROFILE_DIR, else ~/.cache/tiled-attention/.
 
