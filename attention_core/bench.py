@@ -15,7 +15,8 @@ Presets (video self-attention, batch 1; tokens from attention_core.plan's latent
     reference       N=1024,2048,4096  16 x 64  the reference project's benchmark shape
 
 Methods: torch math SDPA, torch's default SDPA (fused where it exists), each tier of this engine (`chunked-prev`,
-`auto-prev`: the same with the default CPU tiles before issue 18.5, 2^21 scores a forward tile), and when
+`auto-prev`: the same with the default CPU tiles before issue 18.5, 2^21 scores a forward tile; `chunked-queries`,
+`chunked-keys`: the chunked tier with its score layout forced, issue 18.4), and when
 importable the peers noflash-attention 1.0.1 (its tier functions, called directly) and ComfyUI's attention.
 Memory is measured honestly: on the CPU every case runs in a fresh process whose peak-RSS mark (VmHWM, the
 per-process ru_maxrss) is reset once its inputs exist, and reports the peak's growth over that RSS; on a GPU,
@@ -38,7 +39,8 @@ import time
 
 from .plan import PRESETS, preset_shapes
 
-METHODS = ["math", "torch", "chunked", "inplace", "online", "auto", "chunked-prev", "auto-prev", "tuned", "noflash-t1", "noflash-t2",
+METHODS = ["math", "torch", "chunked", "inplace", "online", "auto", "chunked-prev", "auto-prev", "chunked-queries",
+           "chunked-keys", "tuned", "noflash-t1", "noflash-t2",
            "noflash-t3", "comfy-subquad", "comfy-split"]
 QUICK_METHODS = ["math", "torch", "chunked", "auto", "tuned", "comfy-subquad"]
 PREV_CPU_TARGET = 1 << 21  # the CPU forward tile target before issue 18.5 (chunked-prev, auto-prev)
@@ -107,6 +109,12 @@ def _method_fn(name, case, torch):
         memory.BACKWARD_TILE_FACTOR = dict(memory.BACKWARD_TILE_FACTOR, cpu=1)
         tier = name[: -len("-prev")]
         return lambda q, k, v: scaled_dot_product_attention(q, k, v, tier=tier)
+    if name in ("chunked-queries", "chunked-keys"):
+        import os
+
+        from attention_core import profiles, scaled_dot_product_attention
+        os.environ[profiles.ENV_LAYOUT] = name[len("chunked-"):]  # this case's own process (_run_in_subprocess)
+        return lambda q, k, v: scaled_dot_product_attention(q, k, v, tier="chunked")
     if name == "tuned":
         from . import profiles, tune
         entry = profiles.lookup(q_shape=(case["batch"], case["heads"], case["n"], case["dim"]), dtype=case["dtype"],
@@ -354,7 +362,8 @@ def _plot(rows, path):
                                                                                    if r["mode"] == mode)]
     groups = [g for g in groups if any(r["mode"] == g[0] and _label(r) == g[1] and "ms" in r for r in rows)]
     fig, axes = plt.subplots(len(groups), 2, figsize=(12, 3.2 * len(groups) + 0.6), squeeze=False)
-    ours = ("chunked", "inplace", "online", "auto", "chunked-prev", "auto-prev", "tuned")
+    ours = ("chunked", "inplace", "online", "auto", "chunked-prev", "auto-prev", "chunked-queries", "chunked-keys",
+            "tuned")
     for row, (mode, lab) in zip(axes, groups):
         got = [(m, r) for m in METHODS for r in rows if r["method"] == m and r["mode"] == mode
                and _label(r) == lab and "ms" in r]

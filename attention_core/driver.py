@@ -7,7 +7,7 @@ whole problem's is never built); results are written into the whole problem's ou
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 import torch
@@ -19,7 +19,7 @@ from .problem import AttentionProblem
 from .tiers import ORDER, TIERS
 from .tiers.backward import backward as backward_tiles
 from .tiles import TileOutputs, TileSource, lazy_source
-from .profiles import tuned_blocks
+from .profiles import score_layout, tuned_blocks
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,8 @@ def run_forward(p: AttentionProblem, num: Numerics, cfg: CallConfig, need_stats:
             tuned = tuned_blocks(p.device, num.compute, p.Hkv, p.Lq, p.Lk, p.E, tier, budget, p.B * p.G,
                                  bytes_per_score(tier, p, num)) if cfg.tier == "auto" and not cfg.block_q else None
             plan = Plan(tier, *tuned) if tuned else plan_forward(p, num, tier, budget, cfg.block_q, cfg.block_kv)
+            if plan is not None and tier == "chunked":
+                plan = replace(plan, layout=score_layout(p.device, num.compute))
             if plan is None:
                 log.debug("tier %s does not fit %d MB for %s", tier, budget >> 20, p.describe())
             if plan is None and cfg.tier == tier and tier != ORDER[-1]:
@@ -85,7 +87,8 @@ def run_forward(p: AttentionProblem, num: Numerics, cfg: CallConfig, need_stats:
             yield tier, plan
 
     def run(plan):
-        fn = TIERS[plan.tier]
+        tier_fn = TIERS[plan.tier]
+        fn = (lambda *a: tier_fn(*a, layout=plan.layout)) if plan.tier == "chunked" else tier_fn
         if plan.block_h >= p.Hkv:
             return fn(whole(), plan.block_q, plan.block_kv, need_stats)
         res = TileOutputs(p, num, need_stats)

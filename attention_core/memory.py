@@ -44,6 +44,7 @@ class Plan:
     block_q: int
     block_kv: int
     block_h: int
+    layout: str = "queries"  # chunked tier's score layout (profiles.score_layout); other tiers ignore it
 
     def smaller(self) -> Optional["Plan"]:
         """Halve the tile (heads first, then query rows, then the keys of online tiles); None at the floor."""

@@ -17,6 +17,7 @@ never collide and readers never see a partial file. No attention call fails beca
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
 import platform
@@ -26,14 +27,22 @@ from typing import Optional, Tuple
 
 from .jsonfile import atomic_write_json, load_json_validated
 
+log = logging.getLogger(__name__)
+
 PROFILE_VERSION = 1
 ENV_DIR = "TILED_ATTENTION_PROFILE_DIR"
 ENV_SWITCH = "TILED_ATTENTION_TUNE"      # "off": never use a profile
+ENV_LAYOUT = "TILED_ATTENTION_LAYOUT"    # "queries" / "keys": force the chunked tier's score layout
+LAYOUTS = ("queries", "keys")            # the chunked tier's score layouts (tiers.chunked.LAYOUTS; no import)
+# score layout without a profile entry, by device kind: measured on the CPU (docs/bench-tiles-cpu.log); GPUs
+# keep the layout the engine always had until `tune` measures them
+DEFAULT_LAYOUT = {"cpu": "keys", "other": "queries"}
 MIN_ROWS = 16
 # transient bytes per score of a tile, as attention_core.memory.bytes_per_score counts them (fp16 tiles at 4:
 # the overflow guard may recompute one in fp32)
 _BPS = {"chunked": 2, "inplace": 1, "online": 3}
 _cache: dict = {}
+_warned_layouts: set = set()
 
 
 # ------------------------------------------------------------------------------------------- where it lives
@@ -144,7 +153,24 @@ def validate_profile(obj) -> Tuple[Optional[dict], list]:
             problems.append(f"entry {i}: {why}")
     if problems:
         problems.insert(0, f"{len(problems)} of {len(entries)} entries dropped")
-    return dict(obj, entries=good), problems
+    out = dict(obj, entries=good)
+    if "layouts" in obj:
+        out["layouts"], bad = _valid_layouts(obj["layouts"])
+        problems += bad
+    return out, problems
+
+
+def _valid_layouts(layouts) -> Tuple[dict, list]:
+    """({dtype name: score layout} with only valid pairs, problems): the profile's per-dtype chunked layout."""
+    if not isinstance(layouts, dict):
+        return {}, [f"'layouts' is {type(layouts).__name__}, not an object of dtype: layout; ignored"]
+    good, problems = {}, []
+    for dt, lay in layouts.items():
+        if lay in LAYOUTS:
+            good[dt] = lay
+        else:
+            problems.append(f"layouts[{dt!r}] {lay!r} is not one of {', '.join(LAYOUTS)}; dropped")
+    return good, problems
 
 
 def load_profile(device="cpu") -> Optional[dict]:
@@ -224,6 +250,25 @@ def tuned_blocks_for(entry: dict, heads: int, Lq: int, Lk: int) -> Tuple[int, in
         return _within(bq, Lq), _within(entry.get("block_kv"), Lk), hpg
     n = entry.get("n") if isinstance(entry.get("n"), int) and entry.get("n") > 0 else max(1, Lk)
     return _within(max(MIN_ROWS, bq * n // max(1, Lk)), Lq), max(1, Lk), hpg
+
+
+def score_layout(device, dtype) -> str:
+    """The chunked tier's score layout ("queries" or "keys") for `dtype` on `device`: $TILED_ATTENTION_LAYOUT when
+    it names one, else the profile's measured layout for the dtype (not with TILED_ATTENTION_TUNE=off), else
+    DEFAULT_LAYOUT of the device kind."""
+    import torch
+    env = os.environ.get(ENV_LAYOUT, "").strip().lower()
+    if env in LAYOUTS:
+        return env
+    if env and env not in _warned_layouts:  # a typo must not pass silently (once per value)
+        _warned_layouts.add(env)
+        log.warning("tiled attention: ignoring %s=%r: expected one of %s", ENV_LAYOUT, env, ", ".join(LAYOUTS))
+    if os.environ.get(ENV_SWITCH, "").lower() not in ("off", "0", "false", "no"):
+        prof = load_profile(device)
+        lay = (prof or {}).get("layouts", {}).get(_dtype_name(dtype))
+        if lay in LAYOUTS:
+            return lay
+    return DEFAULT_LAYOUT["cpu" if torch.device(device).type == "cpu" else "other"]
 
 
 def lookup(q_shape, dtype, device="cpu", tier="chunked") -> Optional[dict]:

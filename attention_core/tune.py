@@ -7,7 +7,8 @@ A candidate is (block_q rows, block_kv keys, heads per group). Each is timed on 
 the shape against all its keys (the work per query row is the same for every row, so the ranking holds for the
 whole call) together with the engine's own untuned plan on the same rows. The profile keeps the SMALLEST tile
 within TOLERANCE (3 %) of the fastest: a larger tile only where it buys measured speed, since tile memory is
-what the engine adds to the model's. The profile is JSON, one file per
+what the engine adds to the model's. With the chunked tier it also times the score layouts (queries-major vs
+keys-major, `layout_check`) and keeps the faster per dtype in the profile's "layouts". The profile is JSON, one file per
 device name, arch and torch version, in ComfyUI's user directory (<user>/tiled-attention/) when this runs inside
 ComfyUI, else $TILED_ATTENTION_PROFILE_DIR, else ~/.cache/tiled-attention/.
 
@@ -27,6 +28,7 @@ from .profiles import PROFILE_VERSION, _device_name, bytes_per_score, profile_pa
 from .sdpa import scaled_dot_product_attention
 
 TOLERANCE = 0.03  # a tile within 3 % of the fastest counts as fast; the smallest of those is kept
+LAYOUT_ROUNDS = 4  # interleaved rounds per shape when tuning the chunked tier's score layout
 
 
 # --------------------------------------------------------------------------------------- running a candidate
@@ -175,7 +177,7 @@ def _chunked_loop(q, k, v, bq, keys_major):
 def layout_check(heads, n, dim, dtype, device, rows, rounds, log=print) -> dict:
     """Queries-major vs keys-major scores over the whole chunked loop (issue 18.4) on the engine's own tile for
     the first `rows` query rows of one head group, rounds interleaved (order alternating), medians. The engine
-    computes queries-major; this measures whether the other layout would pay on this device."""
+    computes the layout the profile names (`tune` stores the faster one; profiles.score_layout)."""
     import torch
     dt = getattr(torch, dtype)
     bq, _, hpg = engine_tile(heads, n, rows, dt, device, "chunked")
@@ -203,8 +205,18 @@ def layout_check(heads, n, dim, dtype, device, rows, rounds, log=print) -> dict:
             "queries_major_ms": 1000 * qm, "keys_major_ms": 1000 * km}
 
 
+def pick_layout(checks) -> str:
+    """The score layout with the smaller total of median times over `checks` (layout_check results); ties keep
+    queries-major, the layout of every other tier and of the backward."""
+    qm = sum(c["queries_major_ms"] for c in checks)
+    km = sum(c["keys_major_ms"] for c in checks)
+    return "keys" if km < qm else "queries"
+
+
 def tune(device, dtypes, shapes, tiers, rows, repeats, log=print) -> dict:
-    """Tune every (dtype, tier, shape); returns the profile (not saved)."""
+    """Tune every (dtype, tier, shape); with the chunked tier also its score layout per dtype (layout_check at
+    every shape, LAYOUT_ROUNDS interleaved rounds, the faster total of medians kept in "layouts"); returns the
+    profile (not saved)."""
     import torch
     name, arch = _device_name(device)
     prof = {"version": PROFILE_VERSION, "device": name, "arch": arch, "torch": torch.__version__,
@@ -217,6 +229,15 @@ def tune(device, dtypes, shapes, tiers, rows, repeats, log=print) -> dict:
                     prof["entries"].append(tune_shape(heads, n, dim, dtype, device, tier, rows, repeats, log))
                 except NoCandidateRan as e:  # e.g. every tile out of memory: this shape keeps the engine's rule
                     log(f"  skipped: {e}")
+        if "chunked" in tiers:
+            try:
+                checks = [layout_check(heads, n, dim, dtype, device, min(rows, n), LAYOUT_ROUNDS, log)
+                          for heads, n, dim in shapes]
+            except RuntimeError as e:  # out of memory (torch's OutOfMemoryError is one): keep the default layout
+                log(f"  chunked {dtype}: score layouts not compared ({e.__class__.__name__}: {e}); default kept")
+            else:
+                prof.setdefault("layouts", {})[dtype] = pick_layout(checks)
+                log(f"  chunked {dtype}: score layout kept: {prof['layouts'][dtype]}-major")
     return prof
 
 

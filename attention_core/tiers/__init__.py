@@ -1,6 +1,7 @@
 """The forward tiers, by name: the one list of tier names (ORDER) every other module and node uses.
 
-Each `forward(src, block_q, block_kv, need_stats) -> TileOutputs`; backward.py is the recompute backward.
+Each `forward(src, block_q, block_kv, need_stats) -> TileOutputs` (chunked also takes `layout`, the score layout
+the driver's plan carries: "queries" or "keys"); backward.py is the recompute backward.
 
     chunked  query tiles, full key rows, torch.softmax out of place   fastest; 2 score tiles live
     inplace  query tiles, full key rows, softmax in place in the tile  half the memory of chunked

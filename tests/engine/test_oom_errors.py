@@ -27,12 +27,12 @@ def _failing(monkeypatch, make):
     calls = []
 
     def wrap(name, fn):
-        def run(src, bq, bk, need_stats):
+        def run(src, bq, bk, need_stats, **kw):
             calls.append(name)
             err = make(name, len(calls))
             if err is not None:
                 raise err
-            return fn(src, bq, bk, need_stats)
+            return fn(src, bq, bk, need_stats, **kw)
         return run
     for name, fn in list(TIERS.items()):
         monkeypatch.setitem(TIERS, name, wrap(name, fn))

@@ -25,12 +25,12 @@ def spy_tiers(monkeypatch):
     calls, fail = [], {}
 
     def wrap(name, fn):
-        def run(src, bq, bk, need_stats):
+        def run(src, bq, bk, need_stats, **kw):
             calls.append((name, bq, src.p.Hkv))
             if fail.get(name, 0) != 0:
                 fail[name] -= 1
                 raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {bq} rows (injected)")
-            return fn(src, bq, bk, need_stats)
+            return fn(src, bq, bk, need_stats, **kw)
         return run
     for name, fn in list(TIERS.items()):
         monkeypatch.setitem(TIERS, name, wrap(name, fn))
@@ -82,7 +82,7 @@ def test_oom_everywhere_raises_a_message_that_names_the_problem(spy_tiers):
 
 
 def test_other_errors_are_not_swallowed(monkeypatch):
-    def boom(*a):
+    def boom(*a, **kw):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
     monkeypatch.setitem(TIERS, "chunked", boom)
     q, k, v = qkv()

@@ -117,9 +117,9 @@ def test_auto_runs_the_profiles_tile_within_the_budget(profdir, monkeypatch):
     seen = []
     real = driver.TIERS["chunked"]
 
-    def spy(src, block_q, block_kv, need_stats):
+    def spy(src, block_q, block_kv, need_stats, **kw):
         seen.append((src.p.Hkv, block_q, block_kv))
-        return real(src, block_q, block_kv, need_stats)
+        return real(src, block_q, block_kv, need_stats, **kw)
     monkeypatch.setitem(driver.TIERS, "chunked", spy)
     g = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(1, 4, 256, 32, generator=g) for _ in range(3))
