@@ -82,9 +82,9 @@ def test_a_tuned_tile_is_taken_exactly_when_it_fits_for_all_batch_rows(tmp_path,
     seen = []
     real = driver.TIERS["chunked"]
 
-    def spy(src, block_q, block_kv, need_stats):
+    def spy(src, block_q, block_kv, need_stats, **kw):
         seen.append((src.p.Hkv, block_q, block_kv))
-        return real(src, block_q, block_kv, need_stats)
+        return real(src, block_q, block_kv, need_stats, **kw)
     monkeypatch.setitem(driver.TIERS, "chunked", spy)
     g = torch.Generator().manual_seed(0)
     q = torch.randn(B, Hkv * G, L, D, generator=g)
@@ -261,7 +261,7 @@ def test_the_plan_says_math_does_not_fit_exactly_when_it_needs_more_than_is_free
 
 # ---- tune.py: the command line --------------------------------------------------------------------------------
 
-TINY_SHAPE = ["--presets", "reference", "--max-n", "256", "--rows", "64", "--repeats", "1"]
+TINY_SHAPE = ["--presets", "reference", "--max-n", "512", "--rows", "64", "--repeats", "1"]
 TINY = TINY_SHAPE + ["--dtype", "float32", "--device", "cpu"]
 
 
@@ -269,9 +269,9 @@ def _check_tiny_profile(path, dtype="float32"):
     import json
     with open(path) as f:
         prof = json.load(f)
-    (e,) = prof["entries"]  # the reference preset's 3 lengths all capped to 256: one shape
-    assert (e["tier"], e["dtype"], e["heads"], e["n"], e["dim"]) == ("chunked", dtype, 16, 256, 64)
-    assert e["block_kv"] == 256 and 16 % e["heads_per_group"] == 0 and e["rows_timed"] == 64
+    (e,) = prof["entries"]  # the reference preset's 3 lengths all capped to 512: one shape
+    assert (e["tier"], e["dtype"], e["heads"], e["n"], e["dim"]) == ("chunked", dtype, 16, 512, 64)
+    assert e["block_kv"] == 512 and 16 % e["heads_per_group"] == 0 and e["rows_timed"] == 64
 
 
 def test_tune_main_tunes_the_presets_capped_to_max_n_and_saves_the_profile(tmp_path, capsys):
@@ -281,7 +281,7 @@ def test_tune_main_tunes_the_presets_capped_to_max_n_and_saves_the_profile(tmp_p
     out = tmp_path / "p.json"
     assert tune.main(TINY_SHAPE + ["--out", str(out)]) == 0
     text = capsys.readouterr().out
-    assert f"tuning {device}" in text and "[(16, 256, 64)]" in text and f"saved {out}" in text
+    assert f"tuning {device}" in text and "[(16, 512, 64)]" in text and f"saved {out}" in text
     _check_tiny_profile(out, "float32" if device == "cpu" else "float16")
 
 
