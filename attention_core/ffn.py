@@ -36,8 +36,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import logging
 import math
+import weakref
 from collections import OrderedDict
 
 import torch
@@ -172,6 +174,10 @@ def _pieces_q(n: int, p_sizes) -> list:
     return [b - a for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
+_TRACED_WRAPPERS: "weakref.WeakValueDictionary[int, ChunkedFFN]" = weakref.WeakValueDictionary()  # key -> wrapper
+_trace_keys = itertools.count(1)
+
+
 class ChunkedFFN:
     """A forward replacement: call the wrapped forward on token chunks along `dim` and concatenate.
 
@@ -193,6 +199,12 @@ class ChunkedFFN:
         self.name = name
         self.verdicts: OrderedDict = OrderedDict()  # signature -> True (chunk) / False (run unchunked)
         self.calls_chunked = 0
+        self._register()
+
+    def _register(self):
+        """An int key for _decide_by_key (a compiled graph's decision is looked up by a constant, not the object)."""
+        self._trace_key = next(_trace_keys)
+        _TRACED_WRAPPERS[self._trace_key] = self
 
     @property
     def forward(self):
@@ -375,6 +387,7 @@ class ChunkedFFN:
         new._forward = copy.deepcopy(self._forward, memo)
         new.module = copy.deepcopy(self.module, memo)
         new.verdicts = OrderedDict(self.verdicts)
+        new._register()
         return new
 
 
@@ -384,11 +397,18 @@ def _piece_sizes(n: int, chunks: int) -> list:
     return [min(size, n - a) for a in range(0, n, size)]
 
 
-@torch.compiler.assume_constant_result
 def _decide_while_tracing(wrapper, shape, dtype, device, dim, training) -> int:
-    """wrapper.decide(...), run by dynamo as plain Python at trace time, its result a constant of the graph."""
+    """wrapper.decide(...) as a constant of the graph. torch <= 2.5's assume_constant_result takes only constant
+    arguments, so the wrapper travels as an int key and dtype / device as strings."""
+    return _decide_by_key(wrapper._trace_key, tuple(shape), str(dtype).replace("torch.", ""), str(device), dim, training)
+
+
+@torch.compiler.assume_constant_result
+def _decide_by_key(key, shape, dtype_name, device_name, dim, training) -> int:
+    """Run by dynamo as plain Python at trace time; its result is a constant of the graph."""
+    wrapper = _TRACED_WRAPPERS[key]
     with torch.no_grad():
-        return wrapper.decide(shape, dtype, device, dim, training)
+        return wrapper.decide(shape, getattr(torch, dtype_name), torch.device(device_name), dim, training)
 
 
 def chunk_ffn(module: torch.nn.Module, chunks: int = 0, dim: int = 1) -> ChunkedFFN:

@@ -73,5 +73,8 @@ def test_an_eager_verdict_is_reused_by_the_trace():
     assert wrapper.verified is True and len(wrapper.verdicts) == 1 and wrapper.calls_chunked == 2
     outs, breaks, graphs = compiled_runs(block, inputs)
     assert breaks == {} and graphs == 1, (breaks, graphs)
-    assert len(wrapper.verdicts) == 1 and wrapper.calls_chunked == 2
+    # torch 2.5's dynamo cannot call the owner's weakref while tracing (the training flag reads None), so there the
+    # trace makes its own check on random inputs instead of reusing the eager verdict: same answer, one more entry
+    reused = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 6)
+    assert len(wrapper.verdicts) == (1 if reused else 2) and wrapper.calls_chunked == 2
     assert all(torch.allclose(o, r, atol=1e-6) for o, r in zip(outs, refs))
