@@ -50,10 +50,13 @@ def test_quick_report_on_the_cpu(quick_report):
             re.findall(r"^\| ([\w-]+) \| N=4,290 2x128 \| ([\d,.]+) \| [\d,]+ \| ([\d.e+-]+) \| \|$",
                        got[TITLES[3]], re.M)}
     expected = ["math", "torch", "chunked", "inplace", "online", "auto"]
-    if report.find_comfyui():  # ComfyUI found (./dev and CI set COMFYUI_LATEST_PATH): its sub-quadratic ran too
-        expected.append("comfy-subquad")
-    else:
+    if not report.find_comfyui():
         assert "its sub-quadratic attention is not compared" in got[TITLES[3]]
+    elif os.environ.get("TILED_ATTENTION_NO_COMFYUI"):  # ./dev test-oldest-torch: ComfyUI's folder is found but
+        # its requirements are not installed in that venv: the row says why it did not run
+        assert re.search(r"^\| comfy-subquad \|.*not run: ComfyUI import failed", got[TITLES[3]], re.M)
+    else:  # ComfyUI found (./dev and CI set COMFYUI_LATEST_PATH): its sub-quadratic ran too
+        expected.append("comfy-subquad")
     assert sorted(rows) == sorted(expected), got[TITLES[3]]
     assert all(ms > 0 and err < 1e-5 for ms, err in rows.values()), rows  # float32 vs the float64 reference
 
