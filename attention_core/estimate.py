@@ -17,6 +17,7 @@ that method at the nearest token counts (log-log interpolation, the largest meas
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -59,8 +60,13 @@ def layer_flops(spec, n: int, text: Optional[int] = None) -> Dict[str, float]:
 
 
 def _interp(rows: List[dict], n: float) -> float:
-    """Rate (GFLOP/s) at n tokens: log-log between the measured token counts, flat outside them."""
-    pts = sorted((r["tokens"], r["gflops"]) for r in rows)
+    """Rate (GFLOP/s) at n tokens: log-log between the measured token counts (r = r0^(1-t) r1^t with
+    t = log(n/n0) / log(n1/n0), exactly a measured rate at its token count), flat outside them; a token count
+    measured more than once counts with the median of its rates."""
+    by_tokens: Dict[float, List[float]] = {}
+    for r in rows:
+        by_tokens.setdefault(r["tokens"], []).append(r["gflops"])
+    pts = sorted((n_, statistics.median(rs)) for n_, rs in by_tokens.items())
     if n <= pts[0][0]:
         return pts[0][1]
     if n >= pts[-1][0]:
@@ -68,7 +74,7 @@ def _interp(rows: List[dict], n: float) -> float:
     for (n0, r0), (n1, r1) in zip(pts, pts[1:]):
         if n0 <= n <= n1:
             t = (math.log(n) - math.log(n0)) / (math.log(n1) - math.log(n0))
-            return math.exp(math.log(r0) + t * (math.log(r1) - math.log(r0)))
+            return r0 ** (1.0 - t) * r1 ** t
     return pts[-1][1]
 
 

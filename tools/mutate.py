@@ -196,7 +196,14 @@ EQUIVALENT += [
       "if Hkv % P:  # fewest kv-head copies so that kv heads split with their query heads",
       f"if Hkv {op} P:  # fewest kv-head copies so that kv heads split with their query heads",
       "the test only skips a no-op: with P | Hkv, rep = P // gcd(Hkv, P) = 1 and _repeat_kv returns k itself; the "
-      "mutated test is true whenever Hkv % P is (Hkv >= 1, P >= 2)") for op in ("+", "-", "*", "/", "**", "<<", "|", "^")]
+      "mutated test is true whenever Hkv % P is (Hkv >= 1, P >= 2)") for op in ("+", "-", "*", "/", "**", "<<", "|", "^")
+] + [("attention_core/estimate.py", "if n0 <= n <= n1:", f"if n0 {op} n <= n1:",
+       "n lies strictly inside the (distinct, sorted) measured token counts here, so the first pair with n <= n1 "
+       "has n0 < n: the left test is true in the original and the mutant alike") for op in ("!=", "<", "is not")
+] + [("attention_core/estimate.py", "if n0 <= n <= n1:", "if n0 <= n < n1:",
+       "when n equals a measured count n1 the lookup moves on to the next pair, whose n0 is n: t = 0 there and "
+       "r0 ** 1.0 * r1 ** 0.0 is that same measured rate, bit for bit (the last count returns before the loop)")
+]
 # Examined and NOT listed: `p.dropout_p > 0` -> `!= 0` in the tiers. Equivalent through sdpa (normalize() rejects
 # dropout_p outside [0, 1]), but ops.attention_forward/backward pass dropout_p on unvalidated, so a negative one
 # reaches the tiers there.

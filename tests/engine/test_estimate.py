@@ -4,6 +4,7 @@ FLOPs per layer are checked against a hand count from each architecture; the tim
 calibration with round rates; the stages against the bundled workflows; the calibration file as untrusted input.
 """
 import json
+import math
 import logging
 import os
 import threading
@@ -65,6 +66,24 @@ def test_rates_interpolate_log_log():
     rows = [{"tokens": 1024, "gflops": 10.0}, {"tokens": 4096, "gflops": 40.0}]
     assert estimate._interp(rows, 2048) == pytest.approx(20.0)
     assert estimate._interp(rows, 100) == 10.0 and estimate._interp(rows, 30000) == 40.0
+
+
+def test_a_measured_token_count_gets_exactly_its_measured_rate():
+    """Between measurements the rate is log-log interpolated; at a measured count it is that measurement, bit for
+    bit, whichever neighbouring pair the lookup lands in (the rows come unsorted, as a calibration may hold them)."""
+    rows = [{"tokens": 4096, "gflops": 7.3}, {"tokens": 1024, "gflops": 3.1}, {"tokens": 2048, "gflops": 5.9},
+            {"tokens": 3000, "gflops": 2.7}]
+    for r in rows:
+        assert estimate._interp(rows, r["tokens"]) == r["gflops"]
+    mid = estimate._interp(rows, 2500)
+    t = math.log(2500 / 2048) / math.log(3000 / 2048)
+    assert mid == pytest.approx(math.exp((1 - t) * math.log(5.9) + t * math.log(2.7)), rel=1e-12)
+    assert 2.7 < mid < 5.9
+    twice = rows + [{"tokens": 2048, "gflops": 6.3}, {"tokens": 1024, "gflops": 3.3}]  # measured again
+    assert estimate._interp(twice, 2048) == pytest.approx(6.1, abs=1e-15)
+    assert estimate._interp(twice, 1024) == pytest.approx(3.2, abs=1e-15)
+    assert estimate._interp(twice, 1500) == pytest.approx(
+        math.exp(math.log(3.2) + math.log(1500 / 1024) / math.log(2) * math.log(6.1 / 3.2)), rel=1e-12)
 
 
 def _nodes(name):

@@ -323,6 +323,21 @@ def test_both_score_layouts_of_the_layout_check_are_torch_attention(keys_major):
     assert (out - ref).abs().max() < 1e-12
 
 
+def test_layout_check_alternates_which_layout_runs_first(monkeypatch):
+    """Interleaved rounds cancel drift (clocks ramping, a cache warming) only if each layout goes first in every
+    other round: after the two exactness runs, rounds run queries-major then keys-major, then the other way."""
+    order = []
+    real = tune._chunked_loop
+
+    def spy(q, k, v, bq, keys_major):
+        order.append(keys_major)
+        return real(q, k, v, bq, keys_major)
+    monkeypatch.setattr(tune, "_chunked_loop", spy)
+    r = tune.layout_check(2, 64, 16, "float32", "cpu", 32, 5, log=lambda s: None)
+    assert order == [False, True] + [False, True, True, False] * 2 + [False, True]
+    assert r["queries_major_ms"] > 0 and r["keys_major_ms"] > 0
+
+
 def test_layout_check_cli_prints_both_layouts(capsys):
     assert tune.main(["--layouts", "2", "--presets", "reference", "--max-n", "512", "--rows", "64"]) == 0
     out = capsys.readouterr().out
