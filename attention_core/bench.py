@@ -509,7 +509,7 @@ def main(argv=None):
         return 0
     a.mode = a.mode or ("fwd" if a.preset else "both")
     import torch
-    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = a.device or cli_args.default_device()
     a.dtype = a.dtype or ("float32" if device == "cpu" else "float16")
     methods = [m.strip() for m in (a.methods or ",".join(QUICK_METHODS if a.quick else METHODS)).split(",")
                if m.strip()]

@@ -4,7 +4,7 @@
 below are argparse `type=` callables: each returns the cleaned value or raises argparse.ArgumentTypeError with
 what the flag accepts, which argparse prefixes with "argument --flag:". Comma lists come back as the cleaned
 comma-separated string (callers split on ","), so code that read the raw string keeps working.
-torch is imported only inside `device` (attention_core.plan stays torch-free at import).
+torch is imported only inside `device` and `default_device` (attention_core.plan stays torch-free at import).
 """
 from __future__ import annotations
 
@@ -151,7 +151,7 @@ def comfyui_folder(s):
 
 
 def device(s):
-    """'cpu', 'cuda' or 'cuda:N' for a GPU this torch sees (ROCm GPUs are 'cuda' in torch); the cleaned name."""
+    """'cpu' (or 'cpu:0'), 'cuda' or 'cuda:N' for a GPU this torch sees (ROCm GPUs are 'cuda' in torch); the cleaned name."""
     import torch
     name = str(s).strip().lower()
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -160,7 +160,7 @@ def device(s):
     else:
         accepted = "cpu (this torch sees no GPU)"
     kind, _, index = name.partition(":")
-    if name == "cpu":
+    if name in ("cpu", "cpu:0"):  # torch's own name for the one CPU device is either
         return "cpu"
     if kind != "cuda" or (index and not index.isdigit()):
         raise argparse.ArgumentTypeError(f"unknown device {s!r}; accepted: {accepted}")
@@ -172,6 +172,12 @@ def device(s):
     if index and int(index) >= n:
         raise argparse.ArgumentTypeError(f"no GPU {s!r}: this torch sees {n}; accepted: {accepted}")
     return name
+
+
+def default_device() -> str:
+    """The device a command measures when --device is not given: the first GPU this torch sees, else the CPU."""
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def fail(parser: argparse.ArgumentParser, flag: str, message: str):

@@ -361,11 +361,10 @@ def time_report(est: dict, calibration: Optional[str] = None, steps=None, cpu: b
                 device: Optional[str] = None) -> str:
     """The time section (attention_core.estimate.report) for `est`, from the calibration file `calibration` or
     the one of `device` (default: the first GPU, else the CPU; --cpu: the CPU) in the tiles' compute dtype."""
-    from . import calibration as cal_file, estimate as est_mod
+    from . import calibration as cal_file, cli_args, estimate as est_mod
     if calibration is None:
         if device is None:
-            import torch
-            device = "cuda" if torch.cuda.is_available() and not cpu else "cpu"
+            device = "cpu" if cpu else cli_args.default_device()
         calibration = cal_file.calibration_path(device, compute_dtype(est["dtype"], device == "cpu",
                                                                        est["precision"]))
     return est_mod.report(est["model"], est["width"], est["height"], est["frames"], cal_file.load(calibration),

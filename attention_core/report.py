@@ -250,8 +250,7 @@ def main(argv=None) -> int:
                     help="ComfyUI folder for its sub-quadratic attention (default: found as the benchmark does, or "
                          "the ComfyUI this pack is installed in)")
     a = ap.parse_args(argv)
-    import torch
-    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = a.device or cli_args.default_device()
     quick = a.quick if a.quick is not None else device == "cpu"
     out = a.out or default_out(device)
     if a.out is None:  # the default path is checked like a given one, before minutes of work

@@ -266,7 +266,7 @@ def main(argv=None) -> int:
                          "this many interleaved rounds per shape and print the medians (nothing is saved)")
     a = ap.parse_args(argv)
     import torch
-    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = a.device or cli_args.default_device()
     dtypes = [d.strip() for d in (a.dtype or ("float32" if device == "cpu" else "float16")).split(",")]
     shapes = []
     for p in a.presets.split(","):

@@ -12,7 +12,6 @@ calibration made in the same process just before (or `--calibration FILE`), so b
 """
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
@@ -22,7 +21,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from attention_core import calibrate, calibration, estimate, plan
+from attention_core import calibrate, calibration, cli_args, estimate, plan
 
 
 class WanBlock(torch.nn.Module):
@@ -82,36 +81,34 @@ def measure(blocks, tokens, attention, device, text=512, batch=2):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.predict_step", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--blocks", type=int, default=2)
-    ap.add_argument("--tokens", type=int, default=4290, help="video tokens (4,290: Wan 2.2 5B at 832x480, 41 frames)")
-    ap.add_argument("--calibration", default=None, help="calibration file (default: calibrate now, not saved)")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--batch", type=int, default=2, help="batch items a step (2: CFG; 1: one half, on a busy CPU)")
-    ap.add_argument("--methods", default="pack,subquad", help="comma-separated: pack, subquad")
-    ap.add_argument("--repeats", type=int, default=2, help="calibration runs per shape after a warm-up (best kept)")
-    ap.add_argument("--log", default=None, help="append the table (markdown) to this file")
+    ap = cli_args.Parser(prog="python -m tools.predict_step", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--blocks", type=cli_args.int_range(1, 30), default=2, help="DiT blocks run (Wan 5B has 30)")
+    ap.add_argument("--tokens", type=cli_args.int_range(1, 200_000), default=4290,
+                    help="video tokens (4,290: Wan 2.2 5B at 832x480, 41 frames)")
+    ap.add_argument("--calibration", type=cli_args.existing_file, default=None,
+                    help="calibration file (default: calibrate now, not saved)")
+    ap.add_argument("--device", type=cli_args.device, default="cpu", help="cpu, cuda, cuda:1")
+    ap.add_argument("--batch", type=cli_args.int_range(1, 64), default=2,
+                    help="batch items a step (2: CFG; 1: one half, on a busy CPU)")
+    ap.add_argument("--methods", type=cli_args.choice_list(estimate.METHODS, "methods"), default="pack,subquad",
+                    help="comma-separated: " + ", ".join(estimate.METHODS))
+    ap.add_argument("--repeats", type=cli_args.int_range(1, 100), default=2,
+                    help="calibration runs per shape after a warm-up (best kept)")
+    ap.add_argument("--log", type=cli_args.output_file, default=None, help="append the table (markdown) to this file")
     a = ap.parse_args(argv)
-    if min(a.blocks, a.tokens, a.batch) < 1:
-        print("error: --blocks, --tokens and --batch must be >= 1", file=sys.stderr)
-        return 2
     methods = a.methods.split(",")
-    if not set(methods) <= set(estimate.METHODS):
-        print(f"error: --methods {a.methods!r}: choose from {', '.join(estimate.METHODS)}", file=sys.stderr)
-        return 2
     from attention_core.bench import _comfy_attention, default_comfyui
     comfyui = default_comfyui()
     if "subquad" in methods and not comfyui:
-        print("error: --methods subquad needs ComfyUI: set COMFYUI_PATH (or run ./dev setup)", file=sys.stderr)
-        return 2
+        cli_args.fail(ap, "--methods", "subquad needs ComfyUI: set COMFYUI_PATH (or run ./dev setup)")
     device = torch.device(a.device)
     load0 = os.getloadavg()
     t0 = time.perf_counter()
     if a.calibration:
         calib = calibration.load(a.calibration)
         if calib is None:
-            print(f"error: --calibration {a.calibration}: missing or invalid", file=sys.stderr)
-            return 2
+            cli_args.fail(ap, "--calibration", f"{a.calibration!r} is not a valid calibration file (make one with "
+                          "python -m attention_core.calibrate)")
     else:
         calib = calibrate.measure(a.device, "fp32", "wan22-5b", comfyui=comfyui if "subquad" in methods else None,
                                   repeats=a.repeats)

@@ -148,6 +148,33 @@ def test_selfcheck_bad_device(device, capsys):
     assert_one_line_error(*run_main(selfcheck.main, ["--device", device], capsys), "--device", "accepted")
 
 
+PREDICT_CASES = [(["--blocks", "0"], "--blocks", "from 1 to 30"), (["--tokens", "-1"], "--tokens", "whole number"),
+                 (["--batch", "x"], "--batch", "whole number"), (["--methods", "pack,flash"], "--methods", "'flash'"),
+                 (["--methods", ""], "--methods", "pack, subquad"), (["--device", "gpu"], "--device", "accepted"),
+                 (["--calibration", "{tmp}/missing.json"], "--calibration", "does not exist"),
+                 (["--calibration", "{tmp}/garbage.json"], "--calibration", "not a valid calibration"),
+                 (["--log", "{tmp}"], "--log", "is a folder"), (["--repeats", "0"], "--repeats", "from 1 to 100")]
+
+
+@pytest.mark.parametrize("argv,flag,word", PREDICT_CASES, ids=[" ".join(c[0]) for c in PREDICT_CASES])
+def test_predict_step_bad_input(argv, flag, word, capsys, tmp_path):
+    """The predicted-vs-measured tool (tools/predict_step.py) answers like the engine's CLIs, before any work."""
+    from tools import predict_step
+    (tmp_path / "garbage.json").write_text("{not json")
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    assert_one_line_error(*run_main(predict_step.main, argv + ["--methods", "pack"] * ("--methods" not in argv),
+                                    capsys), flag, word)
+
+
+@pytest.mark.parametrize("name", ["cpu", "CPU", " cpu:0 "])
+def test_the_cpu_is_accepted_under_each_of_torchs_names(name):
+    from attention_core import cli_args
+    assert cli_args.device(name) == "cpu"
+    assert cli_args.default_device() == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(Exception, match="unknown device 'cpu:1'"):
+        cli_args.device("cpu:1")
+
+
 def test_zero_tokens_is_an_error_at_the_input():
     """The library call says which size gives no tokens (it was a ZeroDivisionError deep in the tile rule)."""
     with pytest.raises(ValueError, match=r"needs width >= 16, height >= 16"):
