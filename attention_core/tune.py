@@ -24,6 +24,7 @@ import sys
 import time
 
 from .memory import ONLINE_BLOCK_KV, tile_budget, tile_for
+from .oom import is_oom, release_cached
 from .profiles import PROFILE_VERSION, _device_name, bytes_per_score, profile_path, save_profile, tuned_blocks_for
 from .sdpa import scaled_dot_product_attention
 
@@ -131,8 +132,11 @@ def tune_shape(heads, n, dim, dtype, device, tier, rows, repeats, log=print):
                 sync()
             try:
                 t = _time(f, repeats, warm=False)  # the untuned run above warmed everything up
-            except Exception as e:  # noqa: BLE001 - an out-of-memory candidate just loses
-                log(f"    {c}: {e.__class__.__name__}")
+            except Exception as e:  # noqa: BLE001 - an out-of-memory candidate just loses; anything else is a bug
+                if not is_oom(e):
+                    raise
+                release_cached(torch.device(device))
+                log(f"    {c}: {e.__class__.__name__} (out of memory)")
                 continue
             log(f"    block_q {c[0]:>4} x keys {c[1]:>5} x {c[2]:>2} heads: {1000 * t:8.1f} ms")
             timed.append((c, t))
@@ -233,7 +237,10 @@ def tune(device, dtypes, shapes, tiers, rows, repeats, log=print) -> dict:
             try:
                 checks = [layout_check(heads, n, dim, dtype, device, min(rows, n), LAYOUT_ROUNDS, log)
                           for heads, n, dim in shapes]
-            except RuntimeError as e:  # out of memory (torch's OutOfMemoryError is one): keep the default layout
+            except Exception as e:  # noqa: BLE001 - out of memory keeps the default layout; anything else is a bug
+                if not is_oom(e):
+                    raise
+                release_cached(torch.device(device))
                 log(f"  chunked {dtype}: score layouts not compared ({e.__class__.__name__}: {e}); default kept")
             else:
                 prof.setdefault("layouts", {})[dtype] = pick_layout(checks)

@@ -387,3 +387,34 @@ def test_a_shape_whose_every_candidate_fails_is_skipped_not_fatal(profdir, monke
                       "--dtype", "float32", "--device", "cpu"]) == 1
     assert "error: no shape could be tuned" in capsys.readouterr().err
     assert not os.path.exists(profiles.profile_path("cpu"))
+
+
+def test_a_candidate_that_fails_for_another_reason_than_memory_stops_the_run(profdir, monkeypatch):
+    """Only out of memory makes a tile candidate lose quietly (torch.OutOfMemoryError, a host MemoryError, a ROCm
+    RuntimeError saying so); any other error is a bug in the engine and must not be hidden by tuning around it."""
+    def broken(q, k, v, blocks, tier="chunked"):
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+    monkeypatch.setattr(tune, "run_blocks", broken)
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        tune.tune("cpu", ["float32"], [(2, 512, 64)], ["chunked"], 64, 1, log=lambda s: None)
+    monkeypatch.setattr(tune, "run_blocks", lambda *a, **k: (_ for _ in ()).throw(
+        RuntimeError("HIP out of memory. Tried to allocate 2.00 GiB")))
+    lines = []
+    prof = tune.tune("cpu", ["float32"], [(2, 512, 64)], ["chunked"], 64, 1, log=lines.append)
+    assert prof["entries"] == [] and any("(out of memory)" in ln for ln in lines)
+
+
+@pytest.mark.parametrize("error,kept", [(MemoryError(), True), (ValueError("a bug"), False)])
+def test_the_layout_check_out_of_memory_keeps_the_default_layout_and_a_bug_is_raised(error, kept, profdir,
+                                                                                    monkeypatch):
+    def failing(*a, **k):
+        raise error
+    monkeypatch.setattr(tune, "layout_check", failing)
+    lines = []
+    if kept:
+        prof = tune.tune("cpu", ["float32"], [(2, 512, 64)], ["chunked"], 64, 1, log=lines.append)
+        assert "layouts" not in prof and any("score layouts not compared" in ln for ln in lines)
+        assert len(prof["entries"]) == 1
+    else:
+        with pytest.raises(ValueError, match="a bug"):
+            tune.tune("cpu", ["float32"], [(2, 512, 64)], ["chunked"], 64, 1, log=lines.append)

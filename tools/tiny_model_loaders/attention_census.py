@@ -15,8 +15,8 @@ A call site is "<Owner>.<attribute>" of the attention module that made the call 
 seen by the torch counter.
 
 Enabled by env TILED_ATTENTION_TEST_CENSUS=1 (installed once, for the server's life). A prompt queued with
-extra_data {"tiled_attention_test_break": "uniform"|"nomask"|"swapheads"} (or env TILED_ATTENTION_TEST_BREAK, for
-every prompt) gets a wrong engine result on purpose (uniform attention, mask dropped, heads rotated by one), so that
+extra_data {"tiled_attention_test_break": "uniform"|"swapheads"} (or env TILED_ATTENTION_TEST_BREAK, for
+every prompt) gets a wrong engine result on purpose (uniform attention, heads rotated by one), so that
 tests can show they notice a broken engine.
 """
 import json
@@ -32,7 +32,7 @@ CENSUS_ENV = "TILED_ATTENTION_TEST_CENSUS"
 BREAK_ENV = "TILED_ATTENTION_TEST_BREAK"
 LOG_TAG = "[attention-census]"
 BREAK_KEY = "tiled_attention_test_break"  # in a prompt's extra_data: break the engine for that prompt only
-BREAKS = ("uniform", "nomask", "swapheads")
+BREAKS = ("uniform", "swapheads")
 _MARK = "_attention_census"
 
 KINDS = ("engine", "comfy", "torch_sdpa", "engine_masked", "comfy_masked")
@@ -137,8 +137,6 @@ def _engine_counter(func):
     def counted(q, k, v, attn_mask=None, *args, **kwargs):
         _count("engine", q, -2, masked=attn_mask is not None)
         how = _state["breaking"] or os.environ.get(BREAK_ENV, "")
-        if how == "nomask":
-            attn_mask = None
         with _Depth():
             out = func(q, k, v, attn_mask, *args, **kwargs)
         return _broken(out, q, v, how) if how else out
