@@ -4,7 +4,9 @@ CI rule that nothing skips silently; tuned tile profiles of this machine kept ou
 Under CI=true a skipped test fails unless its reason starts with "not applicable" (a case that cannot apply, e.g. a
 feature the older ComfyUI does not have): a skip for a missing tool, server or data file is a failure there.
 """
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 
@@ -15,8 +17,11 @@ for path in (ROOT, os.path.join(ROOT, "tests", "support")):
     if path not in sys.path:
         sys.path.insert(0, path)
 
-# tuned tile profiles of this machine (python -m attention_core.tune) must not steer the tests' `auto` calls
-os.environ.setdefault("TILED_ATTENTION_PROFILE_DIR", tempfile.mkdtemp(prefix="tiled-attention-profiles-"))
+# tuned tile profiles of this machine (python -m attention_core.tune) must not steer the tests' `auto` calls; the
+# empty folder made for that is removed when the session ends
+if "TILED_ATTENTION_PROFILE_DIR" not in os.environ:
+    os.environ["TILED_ATTENTION_PROFILE_DIR"] = tempfile.mkdtemp(prefix="tiled-attention-profiles-")
+    atexit.register(shutil.rmtree, os.environ["TILED_ATTENTION_PROFILE_DIR"], ignore_errors=True)
 
 ALLOWED_SKIP_PREFIX = "not applicable"
 

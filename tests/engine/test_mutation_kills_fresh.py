@@ -38,13 +38,10 @@ def test_dropout_under_vmap_with_different_randomness_names_the_seed():
 
 # ---- driver.py: a tuned tile is checked against the budget with every batch x group row ------------------------
 
-def test_a_tuned_tile_over_the_budget_for_all_batch_rows_is_not_taken(tmp_path, monkeypatch):
+def test_a_tuned_tile_over_the_budget_for_all_batch_rows_is_not_taken(profdir, monkeypatch):
     """The profile's tile (2 heads x 32 rows x 256 keys) covers B x G = 16 query rows of each kv head here; at a
     budget that fits it for 8 of them only, the call must plan its own tile: the memory it holds is what it holds
     without the profile (LiveBytes), not the 2x larger tuned tile."""
-    monkeypatch.delitem(sys.modules, "folder_paths", raising=False)
-    monkeypatch.setenv(profiles.ENV_DIR, str(tmp_path))
-    monkeypatch.delenv(profiles.ENV_SWITCH, raising=False)
     B, G, Hkv, L, D = 4, 4, 4, 256, 8
     entry = {"tier": "chunked", "dtype": "float32", "heads": Hkv, "dim": D, "n": L, "rows_timed": L,
              "block_q": 32, "block_kv": L, "heads_per_group": 2, "ms": 1.0, "untuned_ms": 2.0, "use": True}
@@ -67,13 +64,10 @@ def test_a_tuned_tile_over_the_budget_for_all_batch_rows_is_not_taken(tmp_path, 
     assert (out.double() - ref).abs().max() < 1e-5
 
 
-def test_a_tuned_tile_is_taken_exactly_when_it_fits_for_all_batch_rows(tmp_path, monkeypatch):
+def test_a_tuned_tile_is_taken_exactly_when_it_fits_for_all_batch_rows(profdir, monkeypatch):
     """B = 2, G = 3 (6 query rows of each kv head per tile row, a count no other combination of 2 and 3 gives):
     at a budget of exactly the tuned tile for 6 rows the profile's tile runs; one byte less, the engine's own."""
     from attention_core import driver
-    monkeypatch.delitem(sys.modules, "folder_paths", raising=False)
-    monkeypatch.setenv(profiles.ENV_DIR, str(tmp_path))
-    monkeypatch.delenv(profiles.ENV_SWITCH, raising=False)
     B, G, Hkv, L, D = 2, 3, 4, 256, 8
     entry = {"tier": "chunked", "dtype": "float32", "heads": Hkv, "dim": D, "n": L, "rows_timed": L,
              "block_q": 32, "block_kv": L, "heads_per_group": 2, "ms": 1.0, "untuned_ms": 2.0, "use": True}

@@ -1,7 +1,6 @@
 """The chunked tier's score layout (issue 18.4): keys-major S^T = K Q^T is torch's attention like queries-major,
 the profile's per-dtype layout (written by `tune`, validated on load) selects it, TILED_ATTENTION_LAYOUT
 overrides it, and calls it does not apply to (mask, causal, dropout) run queries-major."""
-import sys
 
 import pytest
 import torch
@@ -10,16 +9,6 @@ from attention_core import profiles, tune
 from attention_core import scaled_dot_product_attention as sdpa
 from attention_core.tiers import TIERS, chunked
 from reference import math_sdpa, reference, reference_grads
-
-
-@pytest.fixture
-def profdir(tmp_path, monkeypatch):
-    monkeypatch.delitem(sys.modules, "folder_paths", raising=False)  # not inside ComfyUI
-    monkeypatch.setenv(profiles.ENV_DIR, str(tmp_path))
-    monkeypatch.delenv(profiles.ENV_SWITCH, raising=False)
-    monkeypatch.delenv(profiles.ENV_LAYOUT, raising=False)
-    profiles._cache.clear()
-    return tmp_path
 
 
 @pytest.fixture

@@ -11,15 +11,6 @@ from attention_core import profiles, tune
 from reference import math_sdpa
 
 
-@pytest.fixture
-def profdir(tmp_path, monkeypatch):
-    monkeypatch.delitem(sys.modules, "folder_paths", raising=False)  # not inside ComfyUI
-    monkeypatch.setenv(profiles.ENV_DIR, str(tmp_path))
-    monkeypatch.delenv(profiles.ENV_SWITCH, raising=False)
-    profiles._cache.clear()
-    return tmp_path
-
-
 def entry(**kw):
     e = {"tier": "chunked", "dtype": "float32", "heads": 24, "dim": 128, "n": 4096, "rows_timed": 512,
          "block_q": 128, "block_kv": 4096, "heads_per_group": 4, "ms": 1.0, "untuned_ms": 2.0, "use": True}
