@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from attention_calls import count_comfy_attention
-from comfy_harness import load_pack
 from tools.comfyui import inprocess_version
 
 pytestmark = pytest.mark.comfy_inprocess  # run again against 0.3.75 by test_inprocess_on_oldest.py
@@ -21,11 +20,6 @@ pytestmark = pytest.mark.comfy_inprocess  # run again against 0.3.75 by test_inp
 def counts(pack):
     with count_comfy_attention() as c:  # models are built inside: the VAE picks its function at build time
         yield c
-
-
-@pytest.fixture(scope="module")
-def pack():
-    return load_pack()
 
 
 @pytest.fixture(scope="module")

@@ -7,15 +7,10 @@ import copy
 import pytest
 import torch
 
-from comfy_harness import comfy_nodes, load_pack, require_comfy
+from comfy_harness import comfy_nodes, load_tiny, require_comfy
 from tools.tiny_models import write_ltxv, write_wan22_5b
 
 pytestmark = pytest.mark.comfy_inprocess
-
-
-@pytest.fixture(scope="module")
-def pack():
-    return load_pack()
 
 
 def node_classes(pack):
@@ -26,14 +21,6 @@ def node_classes(pack):
 
 def run_node(pack, node_id, *args):
     return node_classes(pack)[node_id].execute(*args)
-
-
-def load_tiny(tmp_path_factory, writer, name, model_config):
-    """A tiny model file written by `writer`, loaded by ComfyUI's own loader, checked to be detected right."""
-    import comfy.sd
-    model = comfy.sd.load_diffusion_model(writer(str(tmp_path_factory.mktemp("models") / name)))
-    assert type(model.model.model_config).__name__ == model_config
-    return model
 
 
 @pytest.fixture(scope="module")

@@ -6,25 +6,15 @@ decided by dynamo, before any backend runs, so the check needs no inductor build
 import pytest
 import torch
 
-from comfy_harness import comfy_nodes, load_pack
+from comfy_harness import comfy_nodes, load_tiny
+from tools.tiny_models import write_wan22_5b
 
 pytestmark = pytest.mark.comfy_inprocess
 
 
 @pytest.fixture(scope="module")
-def pack():
-    return load_pack()
-
-
-@pytest.fixture(scope="module")
 def wan(tmp_path_factory, pack):
-    import comfy.sd
-    from tools.tiny_models import write_wan22_5b
-    path = write_wan22_5b(str(tmp_path_factory.mktemp("models") / "wan.safetensors"))
-    with torch.inference_mode():
-        model = comfy.sd.load_diffusion_model(path)
-    assert type(model.model.model_config).__name__ == "WAN22_T2V"
-    return model
+    return load_tiny(tmp_path_factory, write_wan22_5b, "wan.safetensors", "WAN22_T2V", inference=True)
 
 
 def sample(model, steps=2):

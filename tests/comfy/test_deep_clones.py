@@ -5,27 +5,15 @@ clone's own modules, or a LoRA on the clone is silently dropped and training cra
 import pytest
 import torch
 
-from comfy_harness import comfy_nodes, load_pack
+from comfy_harness import comfy_nodes, load_tiny
+from tools.tiny_models import write_wan22_5b
 
 pytestmark = pytest.mark.comfy_inprocess
 
 
 @pytest.fixture(scope="module")
-def pack():
-    return load_pack()
-
-
-@pytest.fixture(scope="module")
 def wan(tmp_path_factory, pack):
-    """Loaded under torch.inference_mode, as ComfyUI's executor runs every node: its weights are inference
-    tensors."""
-    import comfy.sd
-    from tools.tiny_models import write_wan22_5b
-    path = write_wan22_5b(str(tmp_path_factory.mktemp("models") / "wan.safetensors"))
-    with torch.inference_mode():
-        model = comfy.sd.load_diffusion_model(path)
-    assert type(model.model.model_config).__name__ == "WAN22_T2V"
-    return model
+    return load_tiny(tmp_path_factory, write_wan22_5b, "wan.safetensors", "WAN22_T2V", inference=True)
 
 
 def chunk(pack, model, chunks=4):

@@ -41,6 +41,20 @@ def load_pack():
     return module
 
 
+def load_tiny(tmp_path_factory, writer, name, model_config, inference=False):
+    """A tiny model file written by `writer` (tools.tiny_models), loaded by ComfyUI's own loader and checked to be
+    detected as `model_config`; inference=True loads it under torch.inference_mode, as ComfyUI's executor runs
+    every node (its weights are then inference tensors)."""
+    import contextlib
+    import torch
+    import comfy.sd
+    path = writer(str(tmp_path_factory.mktemp("models") / name))
+    with torch.inference_mode() if inference else contextlib.nullcontext():
+        model = comfy.sd.load_diffusion_model(path)
+    assert type(model.model.model_config).__name__ == model_config
+    return model
+
+
 def comfy_nodes():
     require_comfy()
     import nodes
