@@ -197,6 +197,8 @@ EQUIVALENT += [
       f"if Hkv {op} P:  # fewest kv-head copies so that kv heads split with their query heads",
       "the test only skips a no-op: with P | Hkv, rep = P // gcd(Hkv, P) = 1 and _repeat_kv returns k itself; the "
       "mutated test is true whenever Hkv % P is (Hkv >= 1, P >= 2)") for op in ("+", "-", "*", "/", "**", "<<", "|", "^")
+] + [("attention_core/tune.py", 'shrink_kv=tier == "online")', 'shrink_kv=tier >= "online")',
+       "the tiers are chunked, inplace and online, and only \"online\" sorts at or after \"online\"")
 ] + [("attention_core/estimate.py", "if n0 <= n <= n1:", f"if n0 {op} n <= n1:",
        "n lies strictly inside the (distinct, sorted) measured token counts here, so the first pair with n <= n1 "
        "has n0 < n: the left test is true in the original and the mutant alike") for op in ("!=", "<", "is not")

@@ -83,6 +83,9 @@ TUNE_CASES = [
     (["--rows", "0"], "--rows", ">= 64"),
     (["--rows", "-1"], "--rows", ">= 64"),
     (["--max-n", "0"], "--max-n", ">= 512"),
+    (["--max-n", "511"], "--max-n", ">= 512"),  # the bounds themselves: 512 and 64 rows run (TINY_TUNE)
+    (["--rows", "63"], "--rows", ">= 64"),
+    (["--repeats", "1001"], "--repeats", "from 1 to 1,000"),
     (["--repeats", "-1"], "--repeats", "from 1 to 1,000"),
     (["--repeats", "0"], "--repeats", "from 1 to 1,000"),
     (["--repeats", "two"], "--repeats", "whole number"),

@@ -511,6 +511,9 @@ def test_an_error_leaves_the_group_usable(groups, world, algo, kind):
     if kind.endswith("unknown_tier"):
         msg = messages.pop()
         assert "'fastest'" in msg and ("rank(s) [1]" in msg) == kind.startswith("rank1_"), msg
+        if not kind.startswith("rank1_"):  # every rank rejected the call for the same reason: said once
+            assert f"rank(s) {list(range(world))} rejected the call" in msg and "every one of them: " in msg, msg
+            assert msg.count("'fastest'") == 1, msg
     if kind == "unknown_option":
         assert "block_size" in messages.pop()
 

@@ -141,3 +141,12 @@ def test_free_memory_unknown_is_read_as_4_gb(monkeypatch):
     monkeypatch.setattr(memory, "free_memory", lambda dev: None)
     free, where = plan.detected_free()
     assert free == 4 * GB and where
+
+
+def test_sizes_are_written_in_the_unit_that_reads_best():
+    """GB from 0.1 GB up, MB from 0.1 MB up, else KB; two decimals for GB, one for MB and KB."""
+    GB, MB = plan.GB, plan.MB
+    assert plan._gb(None) == "-"
+    assert plan._gb(39 * GB) == "39.00 GB" and plan._gb(0.1 * GB) == "0.10 GB" and plan._gb(1500 * GB) == "1,500.00 GB"
+    assert plan._gb(0.1 * GB - 1) == "102.4 MB" and plan._gb(MB) == "1.0 MB" and plan._gb(0.5 * MB) == "0.5 MB"
+    assert plan._gb(0.1 * MB) == "0.1 MB" and plan._gb(0.1 * MB - 1) == "102.4 KB" and plan._gb(512) == "0.5 KB"

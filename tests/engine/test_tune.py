@@ -324,9 +324,32 @@ def test_layout_check_alternates_which_layout_runs_first(monkeypatch):
         order.append(keys_major)
         return real(q, k, v, bq, keys_major)
     monkeypatch.setattr(tune, "_chunked_loop", spy)
-    r = tune.layout_check(2, 64, 16, "float32", "cpu", 32, 5, log=lambda s: None)
+    clock = iter(range(1000))  # perf_counter: 1 s a call, so every run takes 1 s ...
+    monkeypatch.setattr(tune.time, "perf_counter", lambda: float(next(clock)))
+    lines = []
+    r = tune.layout_check(2, 64, 16, "float32", "cpu", 32, 5, log=lines.append)
     assert order == [False, True] + [False, True, True, False] * 2 + [False, True]
-    assert r["queries_major_ms"] > 0 and r["keys_major_ms"] > 0
+    assert r["queries_major_ms"] == r["keys_major_ms"] == 1000.0
+    assert "queries-major 1000.0 ms, keys-major 1000.0 ms (keys-major 1.00x as fast" in lines[0], lines
+
+
+def test_layout_check_reports_the_medians_and_their_ratio(monkeypatch):
+    """Each layout's time is the median of its rounds; the line says how many times as fast keys-major is."""
+    runs = iter([0.3, 0.1, 0.2, 0.1, 0.1, 0.9, 0.2, 0.1])  # queries-major 0.3, 0.2, 0.1 s; keys-major 0.1, 0.9, ...
+    state = {"t": 0.0, "start": True}
+
+    def clock():
+        if not state["start"]:
+            state["t"] += next(runs)
+        state["start"] = not state["start"]
+        return state["t"]
+    monkeypatch.setattr(tune, "_chunked_loop", lambda q, k, v, bq, keys_major: q.new_zeros(1))
+    monkeypatch.setattr(tune.time, "perf_counter", clock)
+    lines = []
+    r = tune.layout_check(2, 64, 16, "float32", "cpu", 32, 4, log=lines.append)
+    # rounds: (qm, km) = (0.3, 0.1), (km, qm) = (0.2, 0.1), (qm, km) = (0.1, 0.9), (km, qm) = (0.2, 0.1)
+    assert r["queries_major_ms"] == pytest.approx(100.0) and r["keys_major_ms"] == pytest.approx(200.0)
+    assert "queries-major 100.0 ms, keys-major 200.0 ms (keys-major 0.50x as fast" in lines[0], lines
 
 
 def test_layout_check_cli_prints_both_layouts(capsys):
@@ -409,3 +432,35 @@ def test_the_layout_check_out_of_memory_keeps_the_default_layout_and_a_bug_is_ra
     else:
         with pytest.raises(ValueError, match="a bug"):
             tune.tune("cpu", ["float32"], [(2, 512, 64)], ["chunked"], 64, 1, log=lines.append)
+
+
+@pytest.mark.parametrize("tier", ["chunked", "inplace", "online"])
+@pytest.mark.parametrize("budget", [None, 40 * 2 ** 20, 480 * 2 ** 10])
+def test_the_engine_tile_tune_compares_against_is_the_one_the_engine_plans(tier, budget, monkeypatch):
+    """tune times the engine's own tile beside the candidates; it must be the tile the engine's planner
+    (memory.plan_forward) really takes for those rows at that budget, every tier (only online may shrink its key
+    block to fit; with no tile fitting, the fallback is the whole shape). 480 KB: chunked and in-place do not fit
+    8,192 keys, online does with a smaller key block."""
+    from attention_core.memory import plan_forward, tile_budget
+    from attention_core.numerics import choose_numerics
+    from attention_core.problem import normalize
+    heads, n, rows, dim = 4, 8192, 512, 64
+    if budget is not None:
+        monkeypatch.setattr(tune, "tile_budget", lambda device: budget)
+    q, k = torch.zeros(1, heads, rows, dim), torch.zeros(1, heads, n, dim)
+    p = normalize(q, k, k)
+    plan = plan_forward(p, choose_numerics(p.dtype, p.device), tier,
+                        budget if budget is not None else tile_budget(p.device))
+    got = tune.engine_tile(heads, n, rows, "float32", "cpu", tier)
+    want = (plan.block_q, plan.block_kv, plan.block_h) if plan is not None else (rows, n, heads)
+    assert got == want
+    if budget == 480 * 2 ** 10:
+        assert (plan is None) == (tier != "online") and (tier != "online" or plan.block_kv < 4096)
+
+
+def test_online_candidates_try_every_key_block_up_to_n():
+    """Online tiles sweep key blocks 512..4096 that are not longer than the keys; the other tiers take all keys."""
+    for n in (512, 2048, 8192):
+        kv = sorted({c[1] for c in tune.candidates("online", 4, n, 512)})
+        assert kv == [b for b in (512, 1024, 2048, 4096) if b <= n], (n, kv)
+        assert {c[1] for c in tune.candidates("chunked", 4, n, 512)} == {n}
