@@ -197,6 +197,10 @@ EQUIVALENT += [
       f"if Hkv {op} P:  # fewest kv-head copies so that kv heads split with their query heads",
       "the test only skips a no-op: with P | Hkv, rep = P // gcd(Hkv, P) = 1 and _repeat_kv returns k itself; the "
       "mutated test is true whenever Hkv % P is (Hkv >= 1, P >= 2)") for op in ("+", "-", "*", "/", "**", "<<", "|", "^")
+] + [("attention_core/patch.py", "_config = (False, {})", "_config = (True, {})",
+       "_refresh sets this default only when nothing asks for the patch, and removes the patch in the same call; "
+       "_patched_sdpa returns torch's own result whenever the patch is not installed, before `force` is used (only "
+       "a call on another thread racing the last block's exit, between the two assignments, could see it)")
 ] + [("attention_core/tune.py", 'shrink_kv=tier == "online")', 'shrink_kv=tier >= "online")',
        "the tiers are chunked, inplace and online, and only \"online\" sorts at or after \"online\"")
 ] + [("attention_core/estimate.py", "if n0 <= n <= n1:", f"if n0 {op} n <= n1:",

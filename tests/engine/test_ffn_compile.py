@@ -78,3 +78,18 @@ def test_an_eager_verdict_is_reused_by_the_trace():
     reused = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 6)
     assert len(wrapper.verdicts) == (1 if reused else 2) and wrapper.calls_chunked == 2
     assert all(torch.allclose(o, r, atol=1e-6) for o, r in zip(outs, refs))
+
+
+def test_the_traced_decision_chunks_any_signature_of_two_tokens_or_more():
+    """What the trace decides per signature (ChunkedFFN.decide): a single token runs whole (nothing to split);
+    two tokens already split into two exact pieces; a token-mixing module is never chunked."""
+    torch.manual_seed(0)
+    ffn = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.Linear(64, 16))
+    wrapper = chunk_ffn(ffn, chunks=4)
+    cpu = torch.device("cpu")
+    assert wrapper.decide((1, 1, 16), torch.float32, cpu, 1, False) == 0
+    assert wrapper.decide((1, 2, 16), torch.float32, cpu, 1, False) == 2
+    assert wrapper.decide((1, 3, 16), torch.float32, cpu, 1, False) == 3
+    assert wrapper.decide((2, 40, 16), torch.float32, cpu, 1, False) == 4
+    mixer = chunk_ffn(MeanMixer(), chunks=4)
+    assert mixer.decide((2, 40, 16), torch.float32, cpu, 1, False) == 0

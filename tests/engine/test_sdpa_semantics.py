@@ -127,6 +127,21 @@ def test_errors_match_torch():
         sdpa(q, q, q, torch.ones(3, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match="tier"):
         sdpa(q, q, q, tier="fast")
+    with pytest.raises(RuntimeError, match="key and value sequence lengths differ: 4 vs 3"):
+        sdpa(q, q, rnd(1, 2, 3, 8))
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_a_zero_head_dim_averages_the_values_as_torch_does(tier):
+    """E = 0 (queries and keys of width 0, values not): every score is 0 with the default scale, so each row is
+    the plain mean of the values, as torch's math SDPA gives; forward and gradients."""
+    q, k, v = rnd(2, 3, 4, 0), rnd(2, 3, 5, 0), rnd(2, 3, 5, 6)
+    v.requires_grad_(True)
+    out = sdpa(q, k, v, tier=tier)
+    check(out, reference(q, k, v))
+    check(out, v.mean(dim=-2, keepdim=True).expand(2, 3, 4, 6))
+    out.sum().backward()
+    check(v.grad, torch.full_like(v, 4 / 5))
 
 
 def test_empty_sequences():

@@ -46,3 +46,19 @@ def test_forward_backward_holds_at_most_a_fifth_of_math():
             F.scaled_dot_product_attention(q, k, v).backward(dout)
     ours, theirs = peak_bytes(engine), peak_bytes(math)
     assert ours <= 0.2 * theirs, f"{ours / MB:.0f} MB vs math {theirs / MB:.0f} MB"
+
+
+def test_gpu_and_cpu_targets_at_the_wan_720p_shape():
+    """Without a profile a GPU forward tile aims at 2^27 scores (the fp32 S and P of 24 heads x 192 rows x 28,520
+    keys: 1 GiB, a fraction of a 32 GB MI50), online tiles take 4,096 keys, and the backward aims at the same 2^27
+    on GPUs but 4 x 2^19 on the CPU; the CPU forward takes 18 rows of one head (2^19 / 28,520 pairs). Shapes only:
+    memory.tile_for with an ample budget, Wan 2.2 5B 720p (24 heads, 28,520 keys)."""
+    n, heads = 28520, 24
+    assert memory.tile_for(n, heads, 1, 8, 1 << 40, n, "other") == (192, n, heads)
+    assert memory.tile_for(n, heads, 1, 8, 1 << 40, n, "cpu") == (18, n, 1)
+    assert memory.ONLINE_BLOCK_KV == {"cpu": 1024, "other": 4096}
+    bwd = {kind: memory.BACKWARD_TILE_FACTOR[kind] * memory.TARGET_TILE_ELEMS[kind] for kind in ("cpu", "other")}
+    assert bwd == {"cpu": 1 << 21, "other": 1 << 27}
+    assert memory.tile_for(n, heads, 1, 12, 1 << 40, n, "other", target=bwd["other"]) == (192, n, heads)
+    assert memory.tile_for(n, heads, 1, 12, 1 << 40, n, "cpu", target=bwd["cpu"]) == (64, n, 1)  # 73 pairs
+    assert memory.FREE_FRACTION == {"cpu": 0.5, "other": 0.7}

@@ -80,6 +80,26 @@ def test_func_vmap(kw):
 
 
 @pytest.mark.parametrize("kw", KW)
+def test_func_vmap_of_what_needs_the_softmax_statistics(kw):
+    """Under vmap the forward keeps L (and the row max) when they are needed, batched like the output: for
+    return_lse=True and for gradients taken inside the vmap (per-sample gradients), each sample's result is the
+    one of that sample alone."""
+    q, k, v = inputs(b=3)
+    out, lse = torch.func.vmap(lambda q, k, v: ours(kw)(q, k, v, return_lse=True))(q, k, v)
+    for i in range(3):
+        close(out[i], ref(kw)(q[i], k[i], v[i]))
+        want = ours(kw)(q[i], k[i], v[i], return_lse=True)[1]
+        close(lse[i], want)
+    scale = q.shape[-1] ** -0.5
+    if not kw:
+        close(lse, torch.logsumexp(q @ k.transpose(-1, -2) * scale, -1))
+    grads = torch.func.vmap(torch.func.grad(lambda q, k, v: ours(kw)(q, k, v).sin().sum()))(q, k, v)
+    for i in range(3):
+        want = torch.func.grad(lambda q: ref(kw)(q, k[i], v[i]).sin().sum())(q[i])
+        close(grads[i], want)
+
+
+@pytest.mark.parametrize("kw", KW)
 def test_func_jacrev(kw):
     q, k, v = (t[:1, :1] for t in inputs())
     got = torch.func.jacrev(lambda q, v: ours(kw)(q, k, v), argnums=(0, 1))(q, v)
