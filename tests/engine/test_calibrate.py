@@ -257,11 +257,33 @@ def test_cli_refuses_bad_flags_in_one_line(capsys, fake_measure, args, message):
     assert capsys.readouterr().err.startswith(message)
 
 
-def test_cli_reports_a_failed_measurement_in_one_line(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("error", [RuntimeError, ValueError])
+def test_cli_reports_a_failed_measurement_in_one_line(tmp_path, monkeypatch, capsys, error):
+    """torch's errors for a device or dtype it cannot run (RuntimeError, ValueError): one line naming both, exit 2,
+    no file written."""
     def measure(device, dtype, model, comfyui=None):
-        raise RuntimeError("out of luck")
+        raise error("out of luck")
     monkeypatch.setattr(calibrate, "measure", measure)
     monkeypatch.setattr(bench, "default_comfyui", lambda: None)
     assert calibrate.main(["--out", str(tmp_path / "c.json")]) == 2
     assert capsys.readouterr().err == "error: --device cpu --dtype fp32: out of luck\n"
     assert os.listdir(tmp_path) == []
+
+
+def test_runs_as_a_module_with_its_help(monkeypatch, capsys):
+    """`python -m attention_core.calibrate --help` (what the plan tells the user to run; run in this process):
+    the module doc's first paragraph as the description, the flags with their defaults."""
+    import runpy
+    import sys
+    import warnings
+    monkeypatch.setattr(sys, "argv", ["calibrate", "--help"])
+    with warnings.catch_warnings(), pytest.raises(SystemExit) as e:
+        warnings.simplefilter("ignore", RuntimeWarning)  # runpy: the module is already imported
+        runpy.run_module("attention_core.calibrate", run_name="__main__")
+    assert e.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert text.startswith("usage: python -m attention_core.calibrate [-h] [--device DEVICE] [--dtype {fp16,bf16,fp32}] "
+                           "[--model {ltx23-22b,wan-14b,wan22-5b}] [--comfyui COMFYUI] [--out OUT] ")
+    assert ("Device calibration: measured throughput of what a DiT sampling step does, for attention_core.estimate."
+            in text)
+    assert "dtype to measure (default: fp32 on the CPU, fp16 on a GPU)" in text

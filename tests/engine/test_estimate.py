@@ -341,3 +341,12 @@ def test_report_without_a_calibration_says_how_to_make_one():
     assert estimate.report(spec, 832, 480, 41, None) == (
         "  time per step: no calibration of this device, so no estimate; "
         "run `python -m attention_core.calibrate` (under a minute) and ask again")
+
+
+def test_wan_14b_runs_wans_default_schedule():
+    """Wan 14B has no bundled workflow: Wan's own default, 20 CFG steps at the requested size, like the 5B's."""
+    assert estimate.STAGES["wan-14b"] == (estimate.Stage("sampling", 20, 2, 1.0),) == estimate.STAGES["wan22-5b"]
+    rt = estimate.run_time(plan.MODELS["wan-14b"], 1280, 720, 81, _calib(), plan.tokens)
+    (s,) = rt["stages"]
+    assert (s["width"], s["height"], s["steps"], s["tokens"]) == (1280, 720, 20, 21 * 45 * 80)
+    assert rt["totals"]["pack"] == pytest.approx(20 * s["per_step"]["pack"]["total"])
