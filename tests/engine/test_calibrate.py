@@ -164,17 +164,22 @@ def test_measure_on_a_tiny_model(tiny, monkeypatch):
 
 
 def test_measure_hands_comfyui_its_own_layout(tiny, monkeypatch):
-    """ComfyUI's sub-quadratic attention gets [batch, tokens, heads x head_dim] and the head count, in the
-    measured dtype, at the same token counts as the engine."""
-    got = []
+    """ComfyUI's sub-quadratic attention gets the engine's q, k, v (one batch item, 8 heads, [B, H, N, D]) in its
+    own layout, [B, N, H x D], with the head count, in the measured dtype, at the same token counts."""
+    from attention_core import sdpa
+    engine, got = [], []
+    monkeypatch.setattr(sdpa, "scaled_dot_product_attention", lambda q, k, v: engine.append((q, k, v)))
 
     def subquad(q, k, v, heads):
-        got.append((tuple(q.shape), q.dtype, heads, torch.equal(q, k)))
+        want = [t.transpose(1, 2).reshape(1, t.shape[2], 8 * 8) for t in engine[-1]]
+        assert engine[-1][0].shape == (1, 8, q.shape[1], 8)
+        got.append((tuple(q.shape), q.dtype, heads, all(torch.equal(a, b) for a, b in zip((q, k, v), want))))
     loaded = []
     monkeypatch.setattr(bench, "_comfy_attention", lambda path, name: loaded.append((path, name)) or subquad)
     data = calibrate.measure("cpu", "bf16", "tiny", tokens=(16, 24), comfyui="/comfy")
     assert loaded == [("/comfy", "comfy-subquad")]
-    assert got == [((1, 16, 64), torch.bfloat16, 8, False), ((1, 24, 64), torch.bfloat16, 8, False)]
+    assert got == [((1, 16, 64), torch.bfloat16, 8, True), ((1, 24, 64), torch.bfloat16, 8, True)]
+    assert not torch.equal(engine[0][0], engine[0][1])  # three different tensors
     assert [r["tokens"] for r in data["attention"]["subquad"]] == [16, 24]
     assert data["attention"]["subquad"][0]["gflops"] == 4 * 8 * 16 * 16 * 8 / 0.5 / 1e9
     assert data["dtype"] == "bf16"
