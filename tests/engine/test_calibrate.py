@@ -292,3 +292,11 @@ def test_runs_as_a_module_with_its_help(monkeypatch, capsys):
     assert ("Device calibration: measured throughput of what a DiT sampling step does, for attention_core.estimate."
             in text)
     assert "dtype to measure (default: fp32 on the CPU, fp16 on a GPU)" in text
+
+
+def test_version_is_a_json_number(tmp_path):
+    """JSON has one number type: a file whose version another tool wrote as 1.0 is version 1, and 2.0 is not."""
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(_calib()).replace('"version": 1', '"version": 1.0'))
+    assert calibration.load(str(path))["version"] == 1
+    assert calibration.validate({**_calib(), "version": 2.0}) == "version 2.0 is not 1"
