@@ -181,3 +181,172 @@ def test_concurrent_writers_never_show_a_broken_file(tmp_path):
     assert [p for p in os.listdir(tmp_path) if p != "calibration.json"] == []  # no temporary files left
     with pytest.raises(ValueError, match="invalid calibration"):
         calibrate.save({"version": 1}, path)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Exact numbers on a small made-up block: width 1000 (1 head of 1000), FFN 4000, one layer, 1000 video tokens,
+# Wan's 512 text tokens. Per batch item: self_proj 8 GFLOP, cross_proj 4 + 2.048, ffn 16, self_attn 4,
+# cross_attn 2.048. With rates proportional to the token count (1 GFLOP/s at 512 tokens, 4 at 2048), log-log
+# interpolation gives 1000/512 = 1.953125 GFLOP/s at 1000 tokens, so self-attention takes 2.048 s, like the
+# cross-attention at 512 tokens; GEMMs at 1 GFLOP/s for the 1000-wide projections and 2 for the 4000-wide FFN.
+def _small_spec(key="wan22-5b"):
+    import dataclasses
+    return dataclasses.replace(plan.MODELS["wan22-5b"], key=key, heads=1, head_dim=1000, ffn=4000, layers=1)
+
+
+def _small_calib(subquad=True):
+    att = {"pack": [{"tokens": 512, "gflops": 1.0}, {"tokens": 2048, "gflops": 4.0}]}
+    if subquad:
+        att["subquad"] = [{"tokens": 512, "gflops": 0.5}, {"tokens": 2048, "gflops": 2.0}]
+    return {"version": 1, "device": "test device", "dtype": "fp32", "date": "2026-12-01 12:00 UTC",
+            "attention": att, "gemm": [{"m": 512, "k": 1000, "n": 1000, "gflops": 1.0},
+                                       {"m": 512, "k": 1000, "n": 4000, "gflops": 2.0}]}
+
+
+def test_small_block_flops_and_default_text_tokens():
+    """The FLOP formula per part, and the text length each model's cross-attention sees: Wan's T5 512 tokens,
+    LTX-2.3's 1024, 512 for a model without its own entry; an explicit text length wins."""
+    fl = estimate.layer_flops(_small_spec(), 1000)
+    assert fl == {"self_proj": 8e9, "cross_proj": 4e9 + 2.048e9, "ffn": 16e9, "self_attn": 4e9,
+                  "cross_attn": 2.048e9}
+    assert estimate.TEXT_TOKENS == {"wan22-5b": 512, "wan-14b": 512, "ltx23-22b": 1024}
+    assert estimate.layer_flops(_small_spec("ltx23-22b"), 1000)["cross_attn"] == 4 * 1000 * 1024 * 1000
+    assert estimate.layer_flops(_small_spec("wan-14b"), 1000)["cross_attn"] == 4 * 1000 * 512 * 1000
+    assert estimate.layer_flops(_small_spec("other"), 1000)["cross_attn"] == 4 * 1000 * 512 * 1000
+    assert estimate.layer_flops(_small_spec(), 1000, text=100)["cross_proj"] == 4e9 + 4 * 100 * 1000 ** 2
+
+
+def test_step_time_exact_seconds_on_a_small_block():
+    """Self-attention at the rate interpolated at N, cross-attention at the rate of the text length, the
+    projections at the GEMM rate of the width and the FFN at that of the FFN width; two batch items by default
+    (a CFG step), every layer by default."""
+    t = estimate.step_time(_small_spec(), 1000, _small_calib(), "pack")
+    assert t["attention"] == pytest.approx(2 * (2.048 + 2.048), rel=1e-12)
+    assert t["rest"] == pytest.approx(2 * ((8 + 6.048) / 1.0 + 16 / 2.0), rel=1e-12)
+    assert t["total"] == pytest.approx(8.192 + 44.096, rel=1e-12)
+    one = estimate.step_time(_small_spec(), 1000, _small_calib(), "pack", batch=1)
+    assert one["total"] == pytest.approx(t["total"] / 2, rel=1e-12)
+    blocks = estimate.step_time(_small_spec(), 1000, _small_calib(), "pack", blocks=3)
+    assert blocks["total"] == pytest.approx(3 * t["total"], rel=1e-12)
+    sq = estimate.step_time(_small_spec(), 1000, _small_calib(), "subquad")
+    assert sq["attention"] == pytest.approx(16.384, rel=1e-12) and sq["rest"] == pytest.approx(44.096, rel=1e-12)
+    # a short video: the cross-attention runs at the rate of N tokens, not of the longer text
+    short = estimate.step_time(_small_spec(), 256, _small_calib(), "pack", batch=1)
+    assert short["attention"] == pytest.approx((4 * 256 ** 2 * 1000 + 4 * 256 * 512 * 1000) / 1e9, rel=1e-12)
+    # LTX-2.3: its 1024 text tokens run at the rate of 1024 tokens (2 GFLOP/s here)
+    ltx = estimate.step_time(_small_spec("ltx23-22b"), 2048, _small_calib(), "pack", batch=1)
+    assert ltx["attention"] == pytest.approx((4 * 2048 ** 2 * 1000) / 4e9 + (4 * 2048 * 1024 * 1000) / 2e9,
+                                             rel=1e-12)
+    # a model without a text entry: 512 text tokens, at the rate of 512
+    other = estimate.step_time(_small_spec("other"), 2048, _small_calib(), "pack", batch=1)
+    assert other["attention"] == pytest.approx((4 * 2048 ** 2 * 1000) / 4e9 + (4 * 2048 * 512 * 1000) / 1e9,
+                                               rel=1e-12)
+
+
+def test_gemm_rate_is_the_nearest_shape_on_a_log_scale():
+    """Each linear layer takes the rate of the measured GEMM with the nearest output width (by ratio, either
+    side); an entry without an output width matches any."""
+    calib = {"gemm": [{"n": 1000, "gflops": 1.0}, {"n": 4000, "gflops": 2.0}]}
+    assert estimate._gemm_rate(calib, 1000) == 1.0 and estimate._gemm_rate(calib, 4000) == 2.0
+    assert estimate._gemm_rate(calib, 1900) == 1.0 and estimate._gemm_rate(calib, 2100) == 2.0  # sqrt = 2000
+    assert estimate._gemm_rate(calib, 500) == 1.0 and estimate._gemm_rate(calib, 9000) == 2.0
+    assert estimate._gemm_rate({"gemm": [{"n": 1000, "gflops": 1.0}, {"gflops": 3.0}]}, 7) == 3.0
+
+
+def test_interpolation_is_flat_outside_and_exact_at_the_ends():
+    rows = [{"tokens": 1000, "gflops": 2.0}, {"tokens": 4000, "gflops": 8.0}, {"tokens": 16000, "gflops": 4.0}]
+    assert estimate._interp(rows, 1) == 2.0 and estimate._interp(rows, 1000) == 2.0
+    assert estimate._interp(rows, 16000) == 4.0 and estimate._interp(rows, 10 ** 9) == 4.0
+    assert estimate._interp(rows, 2000) == pytest.approx(4.0, rel=1e-12)
+    assert estimate._interp(rows, 8000) == pytest.approx(8.0 / 2 ** 0.5, rel=1e-12)
+    assert estimate._interp([{"tokens": 1000, "gflops": 5.0}], 3000) == 5.0
+
+
+def test_run_time_scales_each_stage_and_sums_what_is_calibrated():
+    """Each stage's size is the requested size times its scale (at least 1 pixel), its tokens come from the
+    given tokens function, its batch is the stage's CFG batch times the requested batch; a method without
+    rates has no total."""
+    seen = []
+
+    def tokens(spec, w, h, f):
+        seen.append((w, h, f))
+        return 1000
+
+    spec = _small_spec("ltx23-22b")
+    rt = estimate.run_time(spec, 1921, 1089, 9, _small_calib(subquad=False), tokens, batch=3)
+    assert seen == [(960, 544, 9), (1921, 1089, 9)]
+    s1, s2 = rt["stages"]
+    assert (s1["width"], s1["height"], s1["tokens"], s1["steps"]) == (960, 544, 1000, 20)
+    assert (s2["width"], s2["height"], s2["steps"]) == (1921, 1089, 3)
+    one = estimate.step_time(spec, 1000, _small_calib(), "pack", batch=1)["total"]
+    assert s1["per_step"]["pack"]["total"] == pytest.approx(6 * one, rel=1e-12)   # CFG 2 x batch 3
+    assert s2["per_step"]["pack"]["total"] == pytest.approx(3 * one, rel=1e-12)   # no CFG, batch 3
+    assert s1["per_step"]["subquad"] is None and rt["totals"]["subquad"] is None
+    assert rt["totals"]["pack"] == pytest.approx((20 * 6 + 3 * 3) * one, rel=1e-12)
+    rt = estimate.run_time(spec, 1, 1, 1, _small_calib(), tokens, steps=[5, 7])
+    assert seen[-2:] == [(1, 1, 1), (1, 1, 1)]
+    assert [s["steps"] for s in rt["stages"]] == [5, 7]
+    assert rt["totals"]["subquad"] == pytest.approx(
+        5 * rt["stages"][0]["per_step"]["subquad"]["total"] + 7 * rt["stages"][1]["per_step"]["subquad"]["total"])
+    with pytest.raises(ValueError) as e:
+        estimate.run_time(spec, 64, 64, 1, _small_calib(), tokens, steps=[20, 3, 1])
+    assert str(e.value) == ("--steps: ltx23-22b runs 2 stage(s) (stage 1 (half size), stage 2 (full size)); "
+                            "give 2 comma-separated step count(s), got 3")
+    with pytest.raises(ValueError) as e:
+        estimate.run_time(_small_spec(), 64, 64, 1, _small_calib(), tokens, steps=[20, 3])
+    assert str(e.value) == ("--steps: wan22-5b runs 1 stage(s) (sampling); give 1 comma-separated step count(s), "
+                            "got 2")
+
+
+@pytest.mark.parametrize("seconds, text", [
+    (0.04, "0.0 s"), (1.25, "1.2 s"), (119.94, "119.9 s"),          # seconds under 2 minutes
+    (120, "2.0 min"), (1045.76, "17.4 min"), (7199, "120.0 min"),  # minutes under 2 hours
+    (7200, "2.00 h"), (9000, "2.50 h"), (3_600_000 * 1.5, "1,500.00 h"),
+])
+def test_durations_switch_units_at_two_minutes_and_two_hours(seconds, text):
+    assert estimate._dur(seconds) == text
+
+
+def test_report_lines_exactly():
+    """The whole time section on the small block: header naming the calibration, one line per stage (size,
+    tokens, steps, batch, CFG), per method the step time split into attention and the rest and the stage's time,
+    then the run's total per method; a method the calibration lacks says how to get it and has no total."""
+    text = estimate.report(_small_spec(), 832, 480, 41, _small_calib(), "/x/c.json", tokens=lambda *a: 1000)
+    assert text.split("\n") == [
+        "  time (calibration of test device, fp32, 2026-12-01 12:00 UTC; GEMMs and attention only, elementwise ops "
+        "not counted):",
+        "    sampling: 832x480, 1,000 tokens, 20 steps, batch 2 (CFG)",
+        "      this pack (auto)         52.3 s a step (attention 8.2 s, the rest 44.1 s); 17.4 min for the stage",
+        "      ComfyUI sub-quadratic    60.5 s a step (attention 16.4 s, the rest 44.1 s); 20.2 min for the stage",
+        "    whole run, this pack (auto)         17.4 min",
+        "    whole run, ComfyUI sub-quadratic    20.2 min",
+    ]
+    text = estimate.report(_small_spec("ltx23-22b"), 1920, 1088, 9, _small_calib(subquad=False), steps=[10, 2],
+                           batch=2, tokens=lambda *a: 1000)
+    lines = text.split("\n")
+    assert lines[1] == "    stage 1 (half size): 960x544, 1,000 tokens, 10 steps, batch 4 (CFG)"
+    assert lines[2].startswith("      this pack (auto)         ")
+    assert lines[3] == ("      ComfyUI sub-quadratic    not calibrated (ComfyUI was not found by "
+                        "python -m attention_core.calibrate)")
+    assert lines[4] == "    stage 2 (full size): 1920x1088, 1,000 tokens, 2 steps, batch 2"
+    assert lines[6:] == [lines[3], lines[-1]] and lines[-1].startswith("    whole run, this pack (auto)         ")
+    assert len(lines) == 8
+
+
+def test_report_without_a_calibration_says_how_to_make_one():
+    spec = plan.MODELS["wan22-5b"]
+    assert estimate.report(spec, 832, 480, 41, None, "/x/c.json") == (
+        "  time per step: no calibration of this device at /x/c.json, so no estimate; "
+        "run `python -m attention_core.calibrate --out /x/c.json` (under a minute) and ask again")
+    assert estimate.report(spec, 832, 480, 41, None) == (
+        "  time per step: no calibration of this device, so no estimate; "
+        "run `python -m attention_core.calibrate` (under a minute) and ask again")
+
+
+def test_wan_14b_runs_wans_default_schedule():
+    """Wan 14B has no bundled workflow: Wan's own default, 20 CFG steps at the requested size, like the 5B's."""
+    assert estimate.STAGES["wan-14b"] == (estimate.Stage("sampling", 20, 2, 1.0),) == estimate.STAGES["wan22-5b"]
+    rt = estimate.run_time(plan.MODELS["wan-14b"], 1280, 720, 81, _calib(), plan.tokens)
+    (s,) = rt["stages"]
+    assert (s["width"], s["height"], s["steps"], s["tokens"]) == (1280, 720, 20, 21 * 45 * 80)
+    assert rt["totals"]["pack"] == pytest.approx(20 * s["per_step"]["pack"]["total"])

@@ -1,0 +1,302 @@
+"""attention_core.calibrate (`python -m attention_core.calibrate`: measured rates) and attention_core.calibration
+(where the file lives, what a usable one holds, the messages for a bad one).
+
+Measuring on real model shapes takes tens of seconds, so `measure` runs here on a made-up tiny model with the
+timer replaced (the rates are then exact arithmetic); `main` runs with `measure` replaced, to pin its defaults,
+its output lines and its error line.
+"""
+import json
+import logging
+import os
+import re
+import types
+
+import pytest
+import torch
+
+from attention_core import bench, calibrate, calibration, cli_args, plan, profiles
+
+
+def _calib():
+    return {"version": 1, "device": "test device", "dtype": "fp32", "date": "2026-12-01 12:00 UTC",
+            "attention": {"pack": [{"tokens": 1024, "gflops": 100.0}], "math": [{"tokens": 1024, "gflops": 9}]},
+            "gemm": [{"m": 512, "k": 3072, "n": 3072, "gflops": 200.0}]}
+
+
+# --------------------------------------------------------------------------------------------- the file
+@pytest.mark.parametrize("change, problem", [
+    (lambda d: [d], "not a JSON object"),
+    (lambda d: {**d, "version": 2}, "version 2 is not 1"),
+    (lambda d: {k: v for k, v in d.items() if k != "version"}, "version None is not 1"),
+    (lambda d: {**d, "device": ""}, "'device' is missing or not a string"),
+    (lambda d: {**d, "date": 5}, "'date' is missing or not a string"),
+    (lambda d: {k: v for k, v in d.items() if k != "dtype"}, "'dtype' is missing or not a string"),
+    (lambda d: {**d, "attention": []}, "'attention' has no 'pack' measurements"),
+    (lambda d: {**d, "attention": {"math": d["attention"]["math"]}}, "'attention' has no 'pack' measurements"),
+    (lambda d: {**d, "attention": {"pack": []}}, "'attention' has no 'pack' measurements"),
+    (lambda d: {**d, "attention": {"pack": {"tokens": 1}}}, "'attention' has no 'pack' measurements"),
+    (lambda d: {**d, "attention": {**d["attention"], "flash": []}}, "attention kind 'flash' is unknown or not a list"),
+    (lambda d: {**d, "attention": {**d["attention"], "subquad": {}}},
+     "attention kind 'subquad' is unknown or not a list"),
+    (lambda d: {**d, "attention": {"pack": [{"tokens": 0, "gflops": 5}]}},
+     "an attention entry of 'pack' needs positive 'tokens' and 'gflops': {'tokens': 0, 'gflops': 5}"),
+    (lambda d: {**d, "attention": {"pack": [{"tokens": 9, "gflops": 1}], "math": [{"tokens": 9, "gflops": -1}]}},
+     "an attention entry of 'math' needs positive 'tokens' and 'gflops': {'tokens': 9, 'gflops': -1}"),
+    (lambda d: {**d, "attention": {"pack": [{"tokens": 9}]}},
+     "an attention entry of 'pack' needs positive 'tokens' and 'gflops': {'tokens': 9}"),
+    (lambda d: {**d, "attention": {"pack": [[9, 1]]}},
+     "an attention entry of 'pack' needs positive 'tokens' and 'gflops': [9, 1]"),
+    (lambda d: {**d, "gemm": []}, "'gemm' needs a list of entries with positive 'gflops'"),
+    (lambda d: {k: v for k, v in d.items() if k != "gemm"}, "'gemm' needs a list of entries with positive 'gflops'"),
+    (lambda d: {**d, "gemm": [5]}, "'gemm' needs a list of entries with positive 'gflops'"),
+    (lambda d: {**d, "gemm": d["gemm"] + [{"gflops": 0}]}, "'gemm' needs a list of entries with positive 'gflops'"),
+])
+def test_validate_names_what_is_wrong(change, problem):
+    """The first problem of a bad calibration, as the load warning and save's error show it."""
+    assert calibration.validate(change(_calib())) == problem
+
+
+@pytest.mark.parametrize("bad", [True, float("inf"), float("nan"), "5", None, 0, -0.5])
+def test_rates_must_be_positive_finite_numbers(bad):
+    """A rate divides FLOPs into seconds: a boolean, infinite, NaN, text, zero or negative one is refused."""
+    assert calibration.validate({**_calib(), "gemm": [{"gflops": bad}]}) is not None
+    assert calibration.validate({**_calib(), "attention": {"pack": [{"tokens": 1024, "gflops": bad}]}}) is not None
+    assert calibration.validate({**_calib(), "attention": {"pack": [{"tokens": bad, "gflops": 1.0}]}}) is not None
+
+
+def test_a_usable_calibration_round_trips(tmp_path):
+    """Whole and fractional positive rates, all three attention kinds: valid, saved and loaded back unchanged."""
+    data = {**_calib(), "attention": {"pack": [{"tokens": 1, "gflops": 1e-9}], "subquad": [],
+                                      "math": [{"tokens": 64, "gflops": 3}]}}
+    assert calibration.validate(data) is None
+    path = str(tmp_path / "c.json")
+    assert calibration.save(data, path) == path
+    assert calibration.load(path) == data
+    assert calibration.load(str(tmp_path / "missing.json")) is None
+
+
+def test_a_bad_file_warns_once_with_the_problem_and_the_fix(tmp_path, caplog):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({**_calib(), "version": 2}))
+    with caplog.at_level(logging.WARNING):
+        assert calibration.load(str(path)) is None
+    assert [r.getMessage() for r in caplog.records] == [
+        f"tiled attention: the calibration {path} is not usable as written (ignoring the file): version 2 is not 1. "
+        "Run python -m attention_core.calibrate again."]
+
+
+def test_save_refuses_an_invalid_calibration_and_writes_nothing(tmp_path):
+    path = str(tmp_path / "c.json")
+    with pytest.raises(ValueError) as e:
+        calibration.save({**_calib(), "gemm": []}, path)
+    assert str(e.value) == (f"not saving an invalid calibration to {path}: "
+                            "'gemm' needs a list of entries with positive 'gflops'")
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("name, arch, slug", [
+    ("AMD Ryzen 9 7950X 16-Core Processor", "x86_64", "amd-ryzen-9-7950x-16-core-processor-x86-64"),
+    ("NVIDIA H200", "sm_90", "nvidia-h200-sm-90"),
+    ("(R)", "--", "r"),
+    ("", "", "device"),
+    ("x" * 100, "y", "x" * 80),
+])
+def test_calibration_file_is_named_for_the_device_and_dtype(profdir, monkeypatch, name, arch, slug):
+    """calibration-<device name and arch, lower case, runs of other characters as one '-', at most 80>-<dtype>.json
+    in the profile folder; a name with no letters or digits at all is 'device'."""
+    monkeypatch.setattr(profiles, "_device_name", lambda device: (name, arch))
+    assert calibration.calibration_path("cpu", "bf16") == str(profdir / f"calibration-{slug}-bf16.json")
+    assert calibration.calibration_path() == str(profdir / f"calibration-{slug}-fp32.json")
+
+
+# --------------------------------------------------------------------------------------------- measuring
+def test_attention_flops_counts_both_gemms():
+    """QK^T and PV: 2 GEMMs of 2 * heads * N * keys * head_dim FLOPs; keys default to N (self-attention)."""
+    assert calibrate.attention_flops(8, 1024, 128) == 4 * 8 * 1024 * 1024 * 128
+    assert calibrate.attention_flops(2, 10, 64, keys=7) == 4 * 2 * 10 * 7 * 64
+
+
+def test_best_is_the_fastest_of_the_repeats_after_a_warm_up(monkeypatch):
+    """The first call (allocations, dispatch) is not timed; then `repeats` timed calls, the fastest counts."""
+    clock = iter([0.0, 5.0, 10.0, 12.0, 20.0, 23.0])   # timed calls: 5 s, 2 s, 3 s
+    monkeypatch.setattr(calibrate, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    calls = []
+    assert calibrate._best(lambda: calls.append(1), 3) == 2.0
+    assert len(calls) == 4
+    assert calibrate._best(lambda: calls.append(1), 0) == float("inf")
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    """A made-up model (2 heads of 8, FFN 48), a fixed device name, each measurement taking 0.5 s."""
+    spec = plan.ModelSpec("tiny", "tiny", (1, 1, 1), (1, 1, 1), 2, 8, 48, 1, "test")
+    monkeypatch.setitem(plan.MODELS, "tiny", spec)
+    monkeypatch.setattr(profiles, "_device_name", lambda device: ("Test CPU", "x86_64"))
+    timed = []
+
+    def best(fn, repeats):
+        fn()
+        timed.append(repeats)
+        return 0.5
+    monkeypatch.setattr(calibrate, "_best", best)
+    return timed
+
+
+def test_measure_on_a_tiny_model(tiny, monkeypatch):
+    """Rates are FLOPs over the best time in GFLOP/s, for the engine at each token count, for torch's math SDPA
+    while the scores (8 heads x N^2) stay within MATH_MAX_SCORES, and for GEMMs of GEMM_ROWS rows at the model's
+    width x width and width x FFN shapes; no ComfyUI: no sub-quadratic entry at all. Two timed runs by default."""
+    monkeypatch.setattr(calibrate, "MATH_MAX_SCORES", 8 * 32 * 32)
+    data = calibrate.measure("cpu", "fp32", "tiny", tokens=(16, 32, 48))
+    assert data["version"] == calibration.VERSION == 1
+    assert (data["device"], data["dtype"], data["model"]) == ("Test CPU (x86_64)", "fp32", "tiny")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", data["date"])
+    assert data["torch"] == torch.__version__ and data["threads"] == torch.get_num_threads()
+    assert calibration.validate(data) is None and sorted(data["attention"]) == ["math", "pack"]
+    rows = [{"tokens": n, "heads": 8, "head_dim": 8, "gflops": 4 * 8 * n * n * 8 / 0.5 / 1e9} for n in (16, 32, 48)]
+    assert data["attention"]["pack"] == rows
+    assert data["attention"]["math"] == rows[:2]
+    assert data["gemm"] == [{"m": 512, "k": 16, "n": 16, "gflops": 2 * 512 * 16 * 16 / 0.5 / 1e9},
+                            {"m": 512, "k": 16, "n": 48, "gflops": 2 * 512 * 16 * 48 / 0.5 / 1e9}]
+    assert tiny == [2] * 7
+    calibrate.measure("cpu", "fp32", "tiny", tokens=(16,), repeats=5)
+    assert tiny[7:] == [5] * 4  # pack, math (16 tokens), two GEMMs
+
+
+def test_measure_hands_comfyui_its_own_layout(tiny, monkeypatch):
+    """ComfyUI's sub-quadratic attention gets the engine's q, k, v (one batch item, 8 heads, [B, H, N, D]) in its
+    own layout, [B, N, H x D], with the head count, in the measured dtype, at the same token counts."""
+    from attention_core import sdpa
+    engine, got = [], []
+    monkeypatch.setattr(sdpa, "scaled_dot_product_attention", lambda q, k, v: engine.append((q, k, v)))
+
+    def subquad(q, k, v, heads):
+        want = [t.transpose(1, 2).reshape(1, t.shape[2], 8 * 8) for t in engine[-1]]
+        assert engine[-1][0].shape == (1, 8, q.shape[1], 8)
+        got.append((tuple(q.shape), q.dtype, heads, all(torch.equal(a, b) for a, b in zip((q, k, v), want))))
+    loaded = []
+    monkeypatch.setattr(bench, "_comfy_attention", lambda path, name: loaded.append((path, name)) or subquad)
+    data = calibrate.measure("cpu", "bf16", "tiny", tokens=(16, 24), comfyui="/comfy")
+    assert loaded == [("/comfy", "comfy-subquad")]
+    assert got == [((1, 16, 64), torch.bfloat16, 8, True), ((1, 24, 64), torch.bfloat16, 8, True)]
+    assert not torch.equal(engine[0][0], engine[0][1])  # three different tensors
+    assert [r["tokens"] for r in data["attention"]["subquad"]] == [16, 24]
+    assert data["attention"]["subquad"][0]["gflops"] == 4 * 8 * 16 * 16 * 8 / 0.5 / 1e9
+    assert data["dtype"] == "bf16"
+
+
+def test_the_default_token_counts_and_shapes():
+    """1024, 2048 and 4096 tokens over 8 heads (the math SDPA up to 2^26 scores: all three), GEMMs of 512 rows."""
+    assert calibrate.TOKENS == (1024, 2048, 4096) and calibrate.HEADS == 8 and calibrate.GEMM_ROWS == 512
+    assert calibrate.MATH_MAX_SCORES == 1 << 26
+
+
+# --------------------------------------------------------------------------------------------- the command
+@pytest.fixture
+def fake_measure(monkeypatch):
+    calls = []
+
+    def measure(device, dtype, model, comfyui=None):
+        calls.append((device, dtype, model, comfyui))
+        return {"version": 1, "device": "Test CPU (x86_64)", "dtype": dtype, "model": model,
+                "date": "2026-12-01 12:00 UTC",
+                "attention": {"pack": [{"tokens": 1024, "gflops": 12.34}, {"tokens": 2048, "gflops": 5.0}],
+                              "math": [{"tokens": 1024, "gflops": 0.06}]},
+                "gemm": [{"m": 512, "k": 3072, "n": 3072, "gflops": 150.0},
+                         {"m": 512, "k": 3072, "n": 14336, "gflops": 99.95}]}
+    monkeypatch.setattr(calibrate, "measure", measure)
+    return calls
+
+
+def test_cli_defaults_and_output(profdir, monkeypatch, capsys, fake_measure):
+    """Defaults: the CPU in fp32, Wan 2.2 5B's shapes, the ComfyUI ./dev set up, the file in the profile folder.
+    Output: where it went, then one line of rates per attention kind and one for the GEMMs (GFLOP/s, one
+    decimal); without ComfyUI, a note that sub-quadratic was not measured and how to get it."""
+    monkeypatch.setattr(bench, "default_comfyui", lambda: None)
+    monkeypatch.setattr(profiles, "_device_name", lambda device: ("Test CPU", "x86_64"))
+    assert calibrate.main([]) == 0
+    assert fake_measure == [("cpu", "fp32", "wan22-5b", None)]
+    path = str(profdir / "calibration-test-cpu-x86-64-fp32.json")
+    assert capsys.readouterr().out.split("\n") == [
+        f"calibration of Test CPU (x86_64), fp32, 2026-12-01 12:00 UTC -> {path}",
+        "  attention pack     N 1024: 12.3, N 2048: 5.0 GFLOP/s",
+        "  attention math     N 1024: 0.1 GFLOP/s",
+        "  GEMM               512x3072x3072: 150.0, 512x3072x14336: 100.0 GFLOP/s",
+        "  (ComfyUI not found: sub-quadratic not measured; pass --comfyui PATH)",
+        ""]
+    assert calibration.load(path)["model"] == "wan22-5b"
+
+
+def test_cli_flags(tmp_path, monkeypatch, capsys, fake_measure):
+    """--comfyui, --model, --dtype and --out are passed through; with ComfyUI there is no note; a GPU device
+    measures fp16 by default."""
+    comfy = tmp_path / "comfy-root"
+    (comfy / "comfy").mkdir(parents=True)
+    (comfy / "comfy" / "model_management.py").write_text("")
+    monkeypatch.setattr(bench, "default_comfyui", lambda: "/default/comfy")
+    out = str(tmp_path / "c.json")
+    assert calibrate.main(["--model", "ltx23-22b", "--dtype", "bf16", "--comfyui", str(comfy), "--out", out]) == 0
+    assert fake_measure[-1] == ("cpu", "bf16", "ltx23-22b", str(comfy))
+    text = capsys.readouterr().out
+    assert text.startswith(f"calibration of Test CPU (x86_64), bf16, 2026-12-01 12:00 UTC -> {out}\n")
+    assert "ComfyUI not found" not in text and calibration.load(out)["dtype"] == "bf16"
+    assert calibrate.main(["--out", out]) == 0
+    assert fake_measure[-1] == ("cpu", "fp32", "wan22-5b", "/default/comfy")
+    monkeypatch.setattr(cli_args, "device", lambda s: s)  # accept a GPU name without a GPU
+    assert calibrate.main(["--device", "cuda:1", "--out", out]) == 0
+    assert fake_measure[-1][:2] == ("cuda:1", "fp16")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--dtype", "fp64"], "error: argument --dtype: invalid choice: 'fp64' (choose from 'fp16', 'bf16', 'fp32')"),
+    (["--model", "sdxl"], "error: argument --model: invalid choice: 'sdxl' (choose from 'ltx23-22b', 'wan-14b', "
+                          "'wan22-5b')"),
+    (["--comfyui", "/nonexistent"], "error: argument --comfyui: expected a ComfyUI folder (one with "
+                                    "comfy/model_management.py), got '/nonexistent'"),
+    (["--device", "tpu"], "error: argument --device: unknown device 'tpu'; accepted: "),
+])
+def test_cli_refuses_bad_flags_in_one_line(capsys, fake_measure, args, message):
+    with pytest.raises(SystemExit) as e:
+        calibrate.main(args)
+    assert e.value.code == 2 and not fake_measure
+    assert capsys.readouterr().err.startswith(message)
+
+
+@pytest.mark.parametrize("error", [RuntimeError, ValueError])
+def test_cli_reports_a_failed_measurement_in_one_line(tmp_path, monkeypatch, capsys, error):
+    """torch's errors for a device or dtype it cannot run (RuntimeError, ValueError): one line naming both, exit 2,
+    no file written."""
+    def measure(device, dtype, model, comfyui=None):
+        raise error("out of luck")
+    monkeypatch.setattr(calibrate, "measure", measure)
+    monkeypatch.setattr(bench, "default_comfyui", lambda: None)
+    assert calibrate.main(["--out", str(tmp_path / "c.json")]) == 2
+    assert capsys.readouterr().err == "error: --device cpu --dtype fp32: out of luck\n"
+    assert os.listdir(tmp_path) == []
+
+
+def test_runs_as_a_module_with_its_help(monkeypatch, capsys):
+    """`python -m attention_core.calibrate --help` (what the plan tells the user to run; run in this process):
+    the module doc's first paragraph as the description, the flags with their defaults."""
+    import runpy
+    import sys
+    import warnings
+    monkeypatch.setattr(sys, "argv", ["calibrate", "--help"])
+    with warnings.catch_warnings(), pytest.raises(SystemExit) as e:
+        warnings.simplefilter("ignore", RuntimeWarning)  # runpy: the module is already imported
+        runpy.run_module("attention_core.calibrate", run_name="__main__")
+    assert e.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert text.startswith("usage: python -m attention_core.calibrate [-h] [--device DEVICE] [--dtype {fp16,bf16,fp32}] "
+                           "[--model {ltx23-22b,wan-14b,wan22-5b}] [--comfyui COMFYUI] [--out OUT] ")
+    assert ("Device calibration: measured throughput of what a DiT sampling step does, for attention_core.estimate."
+            in text)
+    assert "dtype to measure (default: fp32 on the CPU, fp16 on a GPU)" in text
+
+
+def test_version_is_a_json_number(tmp_path):
+    """JSON has one number type: a file whose version another tool wrote as 1.0 is version 1, and 2.0 is not."""
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(_calib()).replace('"version": 1', '"version": 1.0'))
+    assert calibration.load(str(path))["version"] == 1
+    assert calibration.validate({**_calib(), "version": 2.0}) == "version 2.0 is not 1"
