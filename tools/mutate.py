@@ -197,6 +197,33 @@ EQUIVALENT += [
       f"if Hkv {op} P:  # fewest kv-head copies so that kv heads split with their query heads",
       "the test only skips a no-op: with P | Hkv, rep = P // gcd(Hkv, P) = 1 and _repeat_kv returns k itself; the "
       "mutated test is true whenever Hkv % P is (Hkv >= 1, P >= 2)") for op in ("+", "-", "*", "/", "**", "<<", "|", "^")
+] + [("attention_core/estimate.py", "if n <= pts[0][0]:", "if n < pts[0][0]:",
+       "at n equal to the first count the loop's first pair gives t = 0.0 and r0 ** 1.0 * r1 ** 0.0 == r0 exactly; "
+       "a single point falls through to the `>=` branch with the same rate"),
+      ("attention_core/estimate.py", "if n >= pts[-1][0]:", "if n > pts[-1][0]:",
+       "at n equal to the last count the last pair gives t == 1.0 and r0 ** 0.0 * r1 ** 1.0 == r1 exactly"),
+      ("attention_core/calibrate.py", "g = torch.Generator().manual_seed(0)", "g = torch.Generator().manual_seed( 1)",
+       "the seeded inputs are noise timed for speed only: no stored value depends on them"),
+      ("attention_core/calibrate.py", "g = torch.Generator().manual_seed(0)", "g = torch.Generator().manual_seed( -1)",
+       "the seeded inputs are noise timed for speed only: no stored value depends on them"),
+] + [("attention_core/estimate.py", "f\"{st.cfg_batch * batch}{' (CFG)' if st.cfg_batch == 2 else ''}\")",
+      f"f\"{{st.cfg_batch * batch}}{{' (CFG)' if st.cfg_batch {op} else ''}}\")",
+      "Stage.cfg_batch is 1 or 2 in every stage of STAGES (small ints are cached, so `is` is `==`)")
+     for op in (">= 2", "> 1", "is 2")
+] + [("attention_core/estimate.py", "return pts[-1][1]", f"return pts[{i}][1]",
+      "unreachable at the end of _interp: n strictly between the first and last counts lies in some pair")
+     for i in ("-2", "- 1", "+1", "1", "0")
+] + [("attention_core/cli_args.py", "def int_range(lo: int = 1, hi: int | None = None):",
+       f"def int_range(lo: int = 1, hi: int {op} None = None):",
+       "with `from __future__ import annotations` annotations are strings, never evaluated")
+      for op in ("<<", ">>", "&", "^", "+", "-", "*", "/", "//", "%", "**")
+] + [("attention_core/tune.py", 'if bkv > n and tier == "online":', f'if bkv > n and tier {op} "online":',
+      "for chunked and inplace the only key block is n, so `bkv > n` is already False; for online both agree")
+     for op in ("<=", ">=")
+] + [("attention_core/tune.py", "g = torch.Generator().manual_seed(0)", f"g = torch.Generator().manual_seed({x})",
+      "tune_shape's and layout_check's seeded inputs are noise timed for speed only (the layout check's "
+      "exactness figure is printed, not kept, and holds for any inputs)")
+     for x in (" 1", " -1")
 ] + [("attention_core/patch.py", "_config = (False, {})", "_config = (True, {})",
        "_refresh sets this default only when nothing asks for the patch, and removes the patch in the same call; "
        "_patched_sdpa returns torch's own result whenever the patch is not installed, before `force` is used (only "
@@ -294,7 +321,12 @@ def describe(tree: Path, m: Mutant) -> bool:
     from cosmic_ray.mutating import mutate_code
 
     source = (tree / m.path).read_text(encoding="utf-8")
-    mutated = mutate_code(source, cosmic_ray.plugins.get_operator(m.operator)(), m.occurrence)
+    try:
+        mutated = mutate_code(source, cosmic_ray.plugins.get_operator(m.operator)(), m.occurrence)
+    except Exception as e:  # noqa: BLE001 - Cosmic Ray 8.7's ExceptionReplacer fails on dotted names
+        # (`except (OSError, subprocess.SubprocessError)`: AttributeError 'PythonNode' has no 'value'): no mutant
+        m.why = f"Cosmic Ray could not make this mutant ({e.__class__.__name__}: {e})"
+        return False
     if mutated is None or mutated == source:
         return False
     m.before, m.after, m.diff, m.line = _line_diff(source, mutated, m.path, m.line)
