@@ -1,6 +1,7 @@
 """attention_core.tune: where profiles live, what tuned_blocks returns (rescaling, budget, switches), that a
 tuned tile computes exactly torch's attention, and one real tuning pass on a tiny shape."""
 import json
+import re
 import os
 import sys
 
@@ -724,3 +725,52 @@ def test_profile_dirs_in_order_without_duplicates(monkeypatch, tmp_path):
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert profiles.profile_dirs()[1] == str(tmp_path / "home" / ".cache" / "tiled-attention")
+
+
+def test_tune_logs_the_layout_kept_and_records_the_run_in_the_profile(monkeypatch):
+    """tune(): every (dtype, tier, shape) tuned in that order; the layout check at each shape on min(rows, N) rows
+    with LAYOUT_ROUNDS rounds; the line saying which layout is kept; the profile says what it was measured on."""
+    tuned, checked = [], []
+    monkeypatch.setattr(tune, "tune_shape", lambda h, n, d, dt, dev, tier, rows, rep, log: tuned.append(
+        (h, n, d, dt, dev, tier, rows, rep)) or {"n": n})
+    monkeypatch.setattr(tune, "layout_check", lambda h, n, d, dt, dev, rows, rounds, log: checked.append(
+        (h, n, dt, rows, rounds)) or {"queries_major_ms": 2.0, "keys_major_ms": 1.0})
+    lines = []
+    shapes = [(4, 256, 32), (8, 2048, 32)]
+    prof = tune.tune("cpu", ["float32", "float16"], shapes, ["chunked", "online"], 1024, 3, log=lines.append)
+    assert tuned == [(h, n, d, dt, "cpu", tier, 1024, 3) for dt in ("float32", "float16")
+                     for tier in ("chunked", "online") for h, n, d in shapes]
+    assert checked == [(h, n, dt, min(1024, n), 4) for dt in ("float32", "float16") for h, n, d in shapes]
+    assert tune.LAYOUT_ROUNDS == 4
+    assert lines == [f"  chunked {dt}: score layout kept: keys-major" for dt in ("float32", "float16")]
+    name, arch = profiles._device_name("cpu")
+    assert prof["layouts"] == {"float32": "keys", "float16": "keys"} and len(prof["entries"]) == 8
+    assert (prof["version"], prof["device"], prof["arch"], prof["torch"], prof["threads"]) == (
+        profiles.PROFILE_VERSION, name, arch, torch.__version__, torch.get_num_threads())
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", prof["created"]), prof["created"]
+
+
+def test_tune_says_why_the_layouts_were_not_compared(monkeypatch):
+    monkeypatch.setattr(tune, "tune_shape", lambda *a: {})
+    monkeypatch.setattr(tune, "layout_check", lambda *a: (_ for _ in ()).throw(MemoryError("no room")))
+    lines = []
+    prof = tune.tune("cpu", ["float32"], [(4, 256, 32)], ["chunked"], 64, 1, log=lines.append)
+    assert lines == ["  chunked float32: score layouts not compared (MemoryError: no room); default kept"]
+    assert "layouts" not in prof
+
+
+def test_tune_cli_says_where_it_saved_and_whether_auto_reads_it(monkeypatch, capsys, profdir):
+    monkeypatch.setattr(tune, "tune", lambda *a, **kw: {"version": 1, "entries": [entry()]})
+    assert tune.main(["--device", "cpu"]) == 0
+    path = profiles.profile_path("cpu")
+    base = os.path.basename(path)
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"saved {path}; tier 'auto' uses it, in ComfyUI too (unless <ComfyUI user directory>/tiled-attention/{base} "
+        "exists, which ComfyUI reads first; TILED_ATTENTION_TUNE=off ignores profiles)")
+    other = profdir / "other.json"
+    assert tune.main(["--device", "cpu", "--out", str(other)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"saved {other}; tier 'auto' does not read this path: it reads {path} (inside ComfyUI first <ComfyUI user "
+        f"directory>/tiled-attention/{base}); copy the file there to use it")
+    with open(other) as f:
+        assert json.load(f)["entries"] == [entry()]
