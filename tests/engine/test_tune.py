@@ -1,8 +1,8 @@
 """attention_core.tune: where profiles live, what tuned_blocks returns (rescaling, budget, switches), that a
 tuned tile computes exactly torch's attention, and one real tuning pass on a tiny shape."""
 import json
-import re
 import os
+import re
 import sys
 
 import pytest
