@@ -774,3 +774,15 @@ def test_tune_cli_says_where_it_saved_and_whether_auto_reads_it(monkeypatch, cap
         f"directory>/tiled-attention/{base}); copy the file there to use it")
     with open(other) as f:
         assert json.load(f)["entries"] == [entry()]
+
+
+def test_the_warning_about_a_bad_profile_names_it_and_says_how_to_fix_it(profdir, caplog):
+    path = write([entry(), entry(block_q=0)])
+    with caplog.at_level("WARNING"):
+        prof = profiles.load_profile("cpu")
+    assert prof["entries"] == [entry()]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"tiled attention: the tuned profile {path} is not usable as written (ignoring the problems listed): "
+        "1 of 2 entries dropped; entry 1: block_q 0 is not an integer >= 1. Re-run `python -m attention_core.tune` "
+        "to rewrite it, or delete it."]
+
