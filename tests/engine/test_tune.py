@@ -80,7 +80,7 @@ def test_profile_reread_when_it_changes(profdir):
     assert profiles.tuned_blocks("cpu", torch.float32, 24, 4096, 4096, 128, "chunked", 1 << 30)[0] == 32
 
 
-@pytest.mark.parametrize("blocks", [(16, 200, 1), (32, 200, 3), (64, 200, 6)])
+@pytest.mark.parametrize("blocks", [(16, 200, 1), (32, 200, 3), (64, 200, 6), (16, 100, 4)])
 def test_run_blocks_is_torch_attention(blocks):
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(2, 6, 200, 32, generator=g) for _ in range(3))
@@ -786,3 +786,20 @@ def test_the_warning_about_a_bad_profile_names_it_and_says_how_to_fix_it(profdir
         "1 of 2 entries dropped; entry 1: block_q 0 is not an integer >= 1. Re-run `python -m attention_core.tune` "
         "to rewrite it, or delete it."]
 
+
+
+def test_run_blocks_takes_a_profile_entry_with_its_tier_and_rescaled_tile(monkeypatch):
+    """tune's helper run on a profile entry: the entry's tier and its tile for this shape (tuned_blocks_for), one
+    call per head group, the last group the remainder."""
+    calls = []
+
+    def spy(q, k, v, tier, block_q, block_kv):
+        calls.append((q.shape[1], tier, block_q, block_kv))
+        return torch.zeros_like(q)
+    monkeypatch.setattr(tune, "scaled_dot_product_attention", spy)
+    q = torch.zeros(1, 6, 64, 8)
+    tune.run_blocks(q, q, q, entry(tier="online", heads=6, n=64, block_q=32, block_kv=16, heads_per_group=4))
+    assert calls == [(4, "online", 32, 16), (2, "online", 32, 16)]
+    calls.clear()
+    tune.run_blocks(q, q, q, entry(heads=6, n=32, block_q=32, heads_per_group=6), tier="online")
+    assert calls == [(6, "chunked", 16, 64)]  # 32 rows x 32 tuned keys / 64 keys
