@@ -307,3 +307,87 @@ def test_the_self_check_section_keeps_the_verdict_lines(monkeypatch, ok):
                     "BAD online   float16   causal                   err 3e-01\n"
                     "skipped float64 on cuda: not supported\n"
                     + ("all cases within tolerance" if ok else "SOME CASES FAILED: please report them") + "\n```")
+
+
+def test_run_bench_runs_the_preset_and_passes_its_lines_on(monkeypatch):
+    """The benchmark child: the preset, the device, every method, --json; quick = 2 heads and --quick, full = 3
+    rounds; ComfyUI when found; the pack on PYTHONPATH; each output line logged; the last 20 lines kept."""
+    seen = []
+
+    class FakePopen:
+        def __init__(self, cmd, **kw):
+            seen.append((cmd, kw))
+            self.stdout = iter(f"line {i}\n" for i in range(25))
+
+        def wait(self):
+            return 7
+    monkeypatch.setattr(report.subprocess, "Popen", FakePopen)
+    logged = []
+    cmd, code, tail = report.run_bench("cpu", True, None, "/t/b.json", log=logged.append)
+    assert cmd == [sys.executable, "-m", "attention_core.bench", "--preset", "wan22-5b-480p", "--device", "cpu",
+                   "--methods", "math,torch,chunked,inplace,online,auto,comfy-subquad", "--json", "/t/b.json",
+                   "--heads", "2", "--quick"]
+    assert code == 7 and tail == [f"line {i}" for i in range(5, 25)]
+    assert logged == [f"  bench: line {i}" for i in range(25)]
+    assert seen[0][1]["cwd"] == report.ROOT and seen[0][1]["env"]["PYTHONPATH"].split(os.pathsep)[0] == report.ROOT
+    cmd, _, _ = report.run_bench("cuda", False, "/ComfyUI", "/t/b.json", log=lambda s: None)
+    assert cmd[-4:] == ["--rounds", "3", "--comfyui", "/ComfyUI"]
+
+
+def test_device_section_on_the_cpu(monkeypatch):
+    import types
+    import psutil
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: types.SimpleNamespace(total=16 << 30,
+                                                                                available=int(8.5 * 2 ** 30)))
+    monkeypatch.setenv("TILED_ATTENTION", "off|on")
+    monkeypatch.delenv("TILED_ATTENTION_TUNE", raising=False)
+    ctx = {}
+    table = report.section_device("cpu", ctx)
+    name, arch = profiles._device_name("cpu")
+    assert table.startswith("| | |\n|---|---|\n| device | cpu |\n")
+    for row in (f"| name | {name} |", f"| arch | {arch} |", "| memory total | 16.0 GB |",
+                "| memory free now | 8.5 GB |", f"| CPU threads (torch / cores) | {torch.get_num_threads()} / "
+                f"{os.cpu_count()} |", "| ComfyUI for the comparison | none found (sub-quadratic not compared) |",
+                "| $TILED_ATTENTION | off/on |"):
+        assert row in table.splitlines(), (row, table)
+    assert "$TILED_ATTENTION_TUNE" not in table and (ctx["name"], ctx["arch"]) == (name, arch)
+    assert "| ComfyUI for the comparison | /my/ComfyUI |" in report.section_device("cpu", {"comfyui": "/my/ComfyUI"})
+
+
+def test_device_section_on_a_faked_nvidia_gpu(monkeypatch):
+    """An NVIDIA GPU has no gcnArchName: the arch is sm_<major><minor>; a free-memory query that fails is said in
+    its cell instead of failing the section."""
+    import types
+    props = types.SimpleNamespace(name="NVIDIA H200", major=9, minor=0, multi_processor_count=132,
+                                  total_memory=int(139.8 * 2 ** 30))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: props)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (_ for _ in ()).throw(RuntimeError("busy")))
+    ctx = {}
+    table = report.section_device("cuda:0", ctx).splitlines()
+    for row in ("| arch | sm_90 |", "| compute units / SMs | 132 |", "| memory total | 139.8 GB |",
+                "| memory free now | (RuntimeError: busy) |"):
+        assert row in table, (row, table)
+    assert ctx["arch"] == "sm_90"
+
+
+def test_main_on_a_gpu_defaults_to_the_full_benchmark_and_a_file_named_for_it(monkeypatch, tmp_path):
+    seen = []
+    monkeypatch.setattr(report, "build", lambda device, quick, comfyui, log=print: seen.append((device, quick))
+                        or "# r\n")
+    monkeypatch.setattr(report, "find_comfyui", lambda: None)
+    monkeypatch.setattr(cli_args, "default_device", lambda: "cuda")
+    monkeypatch.setattr(profiles, "_device_name", lambda d: ("NVIDIA H200", "sm_90"))
+    monkeypatch.chdir(tmp_path)
+    assert report.main([]) == 0 and seen == [("cuda", False)]
+    assert (tmp_path / "tiled-attention-report-nvidia-h200-sm-90.md").is_file()
+    assert report.main(["--quick"]) == 0 and seen[-1] == ("cuda", True)
+
+
+def test_find_comfyui_prefers_the_configured_one(monkeypatch, tmp_path):
+    from attention_core import bench
+    monkeypatch.setattr(bench, "default_comfyui", lambda: "/configured")
+    assert report.find_comfyui() == "/configured"
+    # a pack in <folder>/custom_nodes/<pack> whose folder is not a ComfyUI: none
+    monkeypatch.setattr(bench, "default_comfyui", lambda: None)
+    monkeypatch.setattr(report, "ROOT", str(tmp_path / "custom_nodes" / "tiled-attention"))
+    assert report.find_comfyui() is None
