@@ -92,6 +92,8 @@ TUNE_CASES = [
     (["--out", "{tmp}/missing/profile.json"], "--out", "does not exist"),
     (["--out", "{tmp}"], "--out", "is a folder"),
     (["--out", ""], "--out", "file path"),
+    (["--layouts", "-1"], "--layouts", "from 0 to 1,000"),
+    (["--layouts", "1001"], "--layouts", "from 0 to 1,000"),
 ]
 
 

@@ -580,6 +580,10 @@ def test_tune_cli_defaults(monkeypatch, capsys):
                                    f"{torch.get_num_threads()} threads, dtypes ['float32'], shapes {shapes}")
     assert err == ("error: no shape could be tuned on cpu (every candidate tile failed; see the lines above): "
                    "nothing saved; try --rows smaller, --max-n smaller or fewer --presets\n")
+    assert tune.main(["--layouts", "0"]) == 1 and seen[-1] == seen[0]  # 0 rounds: tune
+    monkeypatch.setattr(cli_args, "default_device", lambda: "cuda")  # on a GPU: float16
+    monkeypatch.setattr(tune, "_device_name", lambda device: ("GPU", "sm_90"))
+    assert tune.main(["--presets", "reference"]) == 1 and seen[-1][:2] == ("cuda", ["float16"])
 
 
 def test_tune_cli_layouts_times_each_dtype_and_shape_and_saves_nothing(monkeypatch, capsys, profdir):
