@@ -729,6 +729,12 @@ def test_profile_dirs_in_order_without_duplicates(monkeypatch, tmp_path):
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert profiles.profile_dirs()[1] == str(tmp_path / "home" / ".cache" / "tiled-attention")
+    # a ComfyUI without a user directory (an old one, or one that raises): the per-user folder only
+    monkeypatch.setitem(sys.modules, "folder_paths", types.SimpleNamespace())
+    assert profiles.profile_dirs() == [str(tmp_path / "home" / ".cache" / "tiled-attention")]
+    monkeypatch.setitem(sys.modules, "folder_paths", types.SimpleNamespace(get_user_directory=lambda: 1 / 0))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert profiles.profile_dirs() == [str(tmp_path / "xdg" / "tiled-attention")]
 
 
 def test_tune_logs_the_layout_kept_and_records_the_run_in_the_profile(monkeypatch):
