@@ -391,3 +391,17 @@ def test_find_comfyui_prefers_the_configured_one(monkeypatch, tmp_path):
     monkeypatch.setattr(bench, "default_comfyui", lambda: None)
     monkeypatch.setattr(report, "ROOT", str(tmp_path / "custom_nodes" / "tiled-attention"))
     assert report.find_comfyui() is None
+
+
+@pytest.mark.parametrize("needs", [True, False])
+def test_the_detection_section_leads_with_the_verdict(monkeypatch, needs):
+    import types
+    from attention_core import detection
+    r = types.SimpleNamespace(needs_tiled_attention=needs, reason="no fused kernel for gfx906",
+                              text=lambda: "line 1\n```\nline 3\n")
+    monkeypatch.setattr(detection, "detect", lambda device: r)
+    ctx = {}
+    verdict = "needs tiled attention" if needs else "has fused attention"
+    assert report.section_detection("cpu", ctx) == (f"**{verdict}**: no fused kernel for gfx906\n\n"
+                                                    "```\nline 1\n'''\nline 3\n```")
+    assert ctx["verdict"] == verdict
