@@ -813,3 +813,22 @@ def test_run_blocks_takes_a_profile_entry_with_its_tier_and_rescaled_tile(monkey
     calls.clear()
     tune.run_blocks(q, q, q, entry(heads=6, n=32, block_q=32, heads_per_group=6), tier="online")
     assert calls == [(6, "chunked", 16, 64)]  # 32 rows x 32 tuned keys / 64 keys
+
+
+def test_the_cpus_name_is_its_model_name(monkeypatch):
+    """A CPU profile is named for the model in /proc/cpuinfo, else platform.processor(), else 'cpu'."""
+    import io
+    import platform
+    cpuinfo = "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13 64-Core: x\nmodel name\t: other\n"
+    monkeypatch.setattr(profiles, "open", lambda path: io.StringIO(cpuinfo), raising=False)
+    monkeypatch.setattr(platform, "processor", lambda: "x86_64")
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    assert profiles._device_name("cpu") == ("AMD EPYC 7B13 64-Core: x", "x86_64")
+
+    def no_file(path):
+        raise OSError(path)
+    monkeypatch.setattr(profiles, "open", no_file, raising=False)
+    assert profiles._device_name("cpu") == ("x86_64", "x86_64")
+    monkeypatch.setattr(platform, "processor", lambda: "")
+    monkeypatch.setattr(platform, "machine", lambda: "")
+    assert profiles._device_name("cpu") == ("cpu", "cpu")
