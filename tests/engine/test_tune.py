@@ -349,7 +349,8 @@ def test_layout_check_reports_the_medians_and_their_ratio(monkeypatch):
     lines = []
     r = tune.layout_check(2, 64, 16, "float32", "cpu", 32, 4, log=lines.append)
     # rounds: (qm, km) = (0.3, 0.1), (km, qm) = (0.2, 0.1), (qm, km) = (0.1, 0.9), (km, qm) = (0.2, 0.1)
-    assert r["queries_major_ms"] == pytest.approx(100.0) and r["keys_major_ms"] == pytest.approx(200.0)
+    assert r == {"heads": 2, "n": 64, "dim": 16, "dtype": "float32", "block_q": 32, "heads_per_group": 2,
+                 "queries_major_ms": pytest.approx(100.0), "keys_major_ms": pytest.approx(200.0)}
     assert lines == ["  layout 2x16 N=64 float32, tile 32 rows x 2 heads, 32 rows, 4 rounds: queries-major 100.0 ms, "
                      "keys-major 200.0 ms (keys-major 0.50x as fast; per round [3.0, 0.5, 0.11, 0.5]; "
                      "max |diff| 0.0e+00)"]
