@@ -833,3 +833,17 @@ def test_the_cpus_name_is_its_model_name(monkeypatch):
     monkeypatch.setattr(platform, "processor", lambda: "")
     monkeypatch.setattr(platform, "machine", lambda: "")
     assert profiles._device_name("cpu") == ("cpu", "cpu")
+
+
+def test_the_layout_check_times_scores_at_attentions_scale(monkeypatch):
+    """The chunked loop has no scale argument: the layout check folds the default softmax scale 1/sqrt(D) into the
+    queries, so its scores of unit-normal inputs have unit spread, as the engine's (not D or 1/D times that)."""
+    seen = []
+    real = tune._chunked_loop
+
+    def spy(q, k, v, bq, keys_major):
+        seen.append((q @ k.transpose(-1, -2)).std().item())
+        return real(q, k, v, bq, keys_major)
+    monkeypatch.setattr(tune, "_chunked_loop", spy)
+    tune.layout_check(2, 256, 64, "float32", "cpu", 64, 1, log=lambda s: None)
+    assert seen and all(0.85 < s < 1.15 for s in seen), seen
