@@ -847,3 +847,12 @@ def test_the_layout_check_times_scores_at_attentions_scale(monkeypatch):
     monkeypatch.setattr(tune, "_chunked_loop", spy)
     tune.layout_check(2, 256, 64, "float32", "cpu", 64, 1, log=lambda s: None)
     assert seen and all(0.85 < s < 1.15 for s in seen), seen
+
+
+@pytest.mark.parametrize("small,large", [((64, 1024, 2), (128, 1024, 2)), ((64, 1024, 2), (64, 1024, 4)),
+                                         ((64, 512, 2), (64, 1024, 2))])
+def test_choose_counts_rows_keys_and_heads_in_a_tiles_size(small, large):
+    """The size that decides is rows x keys x heads: a tile smaller in any one of them is kept over a 1 % faster
+    larger one."""
+    assert tune.choose([(large, 1.0), (small, 1.01)]) == (small, 1.01)
+    assert tune.choose([(small, 1.01), (large, 1.0)]) == (small, 1.01)
