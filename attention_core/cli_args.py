@@ -159,10 +159,10 @@ def device(s):
         accepted = "cpu, cuda" + (f", cuda:0 to cuda:{n - 1}" if n > 1 else ", cuda:0")
     else:
         accepted = "cpu (this torch sees no GPU)"
-    kind, _, index = name.partition(":")
+    kind, colon, index = name.partition(":")
     if name in ("cpu", "cpu:0"):  # torch's own name for the one CPU device is either
         return "cpu"
-    if kind != "cuda" or (index and not index.isdigit()):
+    if kind != "cuda" or (colon and not index.isdigit()):  # "cuda:" is no device torch knows
         raise argparse.ArgumentTypeError(f"unknown device {s!r}; accepted: {accepted}")
     if not n:
         build = (f"ROCm/HIP {torch.version.hip}" if getattr(torch.version, "hip", None) else

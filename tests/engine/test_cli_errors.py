@@ -92,6 +92,8 @@ TUNE_CASES = [
     (["--out", "{tmp}/missing/profile.json"], "--out", "does not exist"),
     (["--out", "{tmp}"], "--out", "is a folder"),
     (["--out", ""], "--out", "file path"),
+    (["--layouts", "-1"], "--layouts", "from 0 to 1,000"),
+    (["--layouts", "1001"], "--layouts", "from 0 to 1,000"),
 ]
 
 
@@ -235,3 +237,123 @@ def test_each_cli_as_a_user_runs_it():
     for flag, p in procs:
         out, err = p.communicate(timeout=120)
         assert_one_line_error(p.returncode, out, err, flag)
+
+
+# ------------------------------------------------------------------ cli_args: what each check accepts and says
+def _msg(parse, value):
+    import argparse
+    with pytest.raises(argparse.ArgumentTypeError) as e:
+        parse(value)
+    return str(e.value)
+
+
+def test_whole_number_ranges_accept_their_bounds_and_say_them():
+    from attention_core import cli_args
+    r = cli_args.int_range(1, 1000)
+    assert (r("1"), r(" 1000 "), r("010")) == (1, 1000, 10)
+    assert _msg(r, "0") == "expected a whole number from 1 to 1,000, got '0'"
+    assert _msg(r, "1001") == "expected a whole number from 1 to 1,000, got '1001'"
+    assert _msg(r, "1e3") == "expected a whole number from 1 to 1,000, got '1e3'"
+    open_ended = cli_args.int_range(512)
+    assert open_ended(str(10 ** 12)) == 10 ** 12 and open_ended("512") == 512
+    assert _msg(open_ended, "511") == "expected a whole number >= 512, got '511'"
+    assert _msg(cli_args.int_range(), "-1") == "expected a whole number >= 1, got '-1'"
+
+
+def test_number_ranges_accept_their_bounds_and_refuse_non_finite_values():
+    from attention_core import cli_args
+    f = cli_args.float_range(1e-6, 1e6, " GB")
+    assert (f("0.000001"), f(" 1e6 "), f("2.5")) == (1e-6, 1e6, 2.5)
+    for bad in ("0", "1000000.1", "nan", "inf", "-inf", "x"):
+        assert _msg(f, bad) == f"expected a number from 0.000001 to 1,000,000 GB, got {bad!r}"
+    assert _msg(cli_args.float_range(0.5, 2), "3") == "expected a number from 0.5 to 2, got '3'"
+
+
+def test_name_lists_are_cleaned_deduplicated_and_checked():
+    from attention_core import cli_args
+    c = cli_args.choice_list(("chunked", "inplace", "online"), "tiers")
+    assert c(" online, chunked,,online ") == "online,chunked"
+    assert _msg(c, "auto,chunked,flash") == ("unknown 'auto', 'flash'; expected comma-separated tiers from: chunked, "
+                                             "inplace, online")
+    assert _msg(c, " , ") == "expected comma-separated tiers from: chunked, inplace, online, got ' , '"
+    n = cli_args.int_list(1, 8)
+    assert n("8, 1,1") == "8,1,1"
+    assert _msg(n, "1,9") == "expected comma-separated whole numbers from 1 to 8, got '1,9'"
+    assert cli_args.dtype_list("FP16, half,bf16,fp32,Float64,fp64") == "float16,bfloat16,float32,float64"
+    assert _msg(cli_args.dtype_list, "fp16,int8") == (
+        "unknown 'int8'; expected comma-separated dtypes from: float32, float16, bfloat16, float64 (or fp32, fp16, "
+        "half, bf16, fp64)")
+
+
+def test_file_checks_say_what_is_wrong(tmp_path):
+    from attention_core import cli_args
+    f = tmp_path / "a.json"
+    f.write_text("{}")
+    assert cli_args.existing_file(str(f)) == str(f)
+    assert _msg(cli_args.existing_file, str(tmp_path / "b")) == (f"{str(tmp_path / 'b')!r} does not exist; expected "
+                                                                 "the path of an existing file")
+    assert _msg(cli_args.existing_file, str(tmp_path)) == (f"{str(tmp_path)!r} is not a file; expected the path of "
+                                                           "an existing file")
+    assert _msg(cli_args.existing_file, " ") == "expected the path of an existing file, got ' '"
+    assert cli_args.output_file(str(tmp_path / "new.md")) == str(tmp_path / "new.md")
+    assert cli_args.output_file(str(f)) == str(f)  # an existing file is overwritten
+    assert _msg(cli_args.output_file, str(tmp_path)) == f"{str(tmp_path)!r} is a folder; expected a file path to write"
+    assert _msg(cli_args.output_file, "") == "expected a file path to write, got ''"
+    comfy = tmp_path / "ComfyUI"
+    (comfy / "comfy").mkdir(parents=True)
+    assert _msg(cli_args.comfyui_folder, str(comfy)) == (
+        f"expected a ComfyUI folder (one with comfy/model_management.py), got {str(comfy)!r}")
+    (comfy / "comfy" / "model_management.py").write_text("")
+    assert cli_args.comfyui_folder(str(comfy)) == str(comfy)
+
+
+def test_unreadable_and_unwritable_paths(tmp_path, monkeypatch):
+    """(Permissions faked through os.access: the tests may run as root, who may read and write anything.)"""
+    from attention_core import cli_args
+    f = tmp_path / "secret.json"
+    f.write_text("{}")
+    monkeypatch.setattr(cli_args.os, "access", lambda path, mode: False)
+    assert _msg(cli_args.existing_file, str(f)) == f"{str(f)!r} is not readable"
+    assert _msg(cli_args.output_file, str(tmp_path / "x")) == f"folder {str(tmp_path)!r} is not writable"
+
+
+@pytest.mark.parametrize("count", [1, 2])
+def test_gpu_names_against_the_gpus_torch_sees(monkeypatch, count):
+    """With GPUs: cuda and cuda:N within the count (any case, spaces trimmed); other names list what is accepted.
+    "cuda:" (no index) was accepted and then failed as a traceback in torch.device."""
+    from attention_core import cli_args
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    accepted = "cpu, cuda, cuda:0" if count == 1 else "cpu, cuda, cuda:0 to cuda:1"
+    assert cli_args.device(" CUDA ") == "cuda" and cli_args.device(f"cuda:{count - 1}") == f"cuda:{count - 1}"
+    assert cli_args.default_device() == "cuda"
+    assert _msg(cli_args.device, f"cuda:{count}") == f"no GPU 'cuda:{count}': this torch sees {count}; accepted: " \
+                                                     f"{accepted}"
+    for bad in ("gpu", "cuda:x", "cuda:", "cpu:1", "cuda:-1"):
+        assert _msg(cli_args.device, bad) == f"unknown device {bad!r}; accepted: {accepted}", bad
+
+
+def test_a_gpu_name_without_gpus_names_the_build(monkeypatch):
+    from attention_core import cli_args
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    assert cli_args.default_device() == "cpu"
+    assert _msg(cli_args.device, "cuda") == (f"'cuda' asks for a GPU, but torch {torch.__version__} (a CPU-only build) "
+                                             "sees none; accepted here: cpu")
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    assert "(CUDA 12.4) sees none" in _msg(cli_args.device, "cuda:0")
+    monkeypatch.setattr(torch.version, "hip", "6.2.41133")
+    assert "(ROCm/HIP 6.2.41133) sees none" in _msg(cli_args.device, "cuda:0")
+    assert _msg(cli_args.device, "gpu") == "unknown device 'gpu'; accepted: cpu (this torch sees no GPU)"
+
+
+def test_the_parser_error_is_one_line_and_fail_names_the_flag(capsys):
+    from attention_core import cli_args
+    ap = cli_args.Parser(prog="x")
+    with pytest.raises(SystemExit) as e:
+        ap.error("two\n   lines  here")
+    assert e.value.code == 2 and capsys.readouterr().err == "error: two lines here\n"
+    with pytest.raises(SystemExit) as e:
+        cli_args.fail(ap, "--out", "the default is bad")
+    assert e.value.code == 2 and capsys.readouterr().err == "error: argument --out: the default is bad\n"

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from attention_core import report, selfcheck
+from attention_core import cli_args, profiles, report, selfcheck
 from attention_core.detection import detect
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -145,3 +145,263 @@ def test_device_section_on_a_faked_rocm_gpu(monkeypatch, tmp_path):
         assert row in table, (row, table)
     assert (ctx["name"], ctx["arch"]) == ("AMD Instinct MI50/MI60", "gfx906:sramecc+:xnack-")
     assert report.default_out("cuda") == "tiled-attention-report-amd-instinct-mi50-mi60-gfx906.md"
+
+
+# ------------------------------------------------------------------ the benchmark section and the summary, faked
+def _fake_bench(monkeypatch, results, seen=None):
+    """run_bench writes this bench JSON (what attention_core.bench --json writes) and exits 0."""
+    import json
+
+    def fake(device, quick, comfyui, json_path, log=print):
+        with open(json_path, "w") as f:
+            json.dump({"info": {"dtype": "float32", "threads": 2, "load_start": 0.5, "load_end": 1.25},
+                       "results": results}, f)
+        if seen is not None:
+            seen.append((device, quick, comfyui))
+        cmd = [sys.executable, "-m", "attention_core.bench", "--preset", report.PRESET, "--device", device,
+               "--methods", report.METHODS, "--json", json_path, "--rounds", "3", "--comfyui", "/my ComfyUI"]
+        return cmd, 0, []
+    monkeypatch.setattr(report, "run_bench", fake)
+
+
+ROWS = [{"method": "math", "n": 4290, "heads": 24, "dim": 128, "ms": 1234.56, "peak_mb": 2048.4, "err": 1.5e-7},
+        {"method": "auto", "n": 4290, "heads": 24, "dim": 128, "ms": 987.65, "peak_mb": 12.6, "err": None},
+        {"method": "inplace", "n": 4290, "heads": 24, "dim": 128, "skipped": "not | on this device"},
+        {"method": "comfy-subquad", "n": 4290, "heads": 24, "dim": 128, "error": "boom"}]
+
+
+def test_the_benchmark_table_rows_and_the_summary_figures(monkeypatch):
+    """Each method's row: time (ms, one decimal), peak extra memory (MB), max error; a skipped or failed method says
+    so with its reason ('|' would break the table); the command shown is the one to re-run, without --json; the
+    summary keeps math, auto and ComfyUI's sub-quadratic figures."""
+    _fake_bench(monkeypatch, ROWS)
+    ctx = {"quick": False, "comfyui": "/my ComfyUI", "log": lambda s: None}
+    body = report.section_bench("cpu", ctx)
+    lines = body.splitlines()
+    assert lines[0] == (f"`python -m attention_core.bench --preset wan22-5b-480p --device cpu --methods {report.METHODS}"
+                        " --rounds 3 --comfyui '/my ComfyUI'`")
+    assert lines[2] == ("full size, median of 3 rounds; float32, torch threads 2, machine load 0.5 at the start and "
+                        "1.25 at the end")
+    assert lines[4:] == [
+        "| method | shape | time (ms) | peak extra memory (MB) | max abs error vs float64 | note |",
+        "|---|---|---|---|---|---|",
+        "| math | N=4,290 24x128 | 1,234.6 | 2,048 | 1.5e-07 | |",
+        "| auto | N=4,290 24x128 | 987.6 | 13 | - | |",
+        "| inplace | N=4,290 24x128 | - | - | - | not run: not / on this device |",
+        "| comfy-subquad | N=4,290 24x128 | - | - | - | FAILED: boom |"]
+    assert ctx["bench"] == "math 1,235 ms 2,048 MB; auto 988 ms 13 MB"
+
+
+def test_the_benchmark_without_comfyui_says_how_to_compare(monkeypatch):
+    _fake_bench(monkeypatch, ROWS[:1])
+    ctx = {"quick": True, "comfyui": None, "log": lambda s: None}
+    body = report.section_bench("cpu", ctx)
+    assert body.splitlines()[2].startswith("quick: 2 of the 24 heads, one timed run; float32")
+    assert body.endswith("\n\nComfyUI was not found, so its sub-quadratic attention is not compared (run from "
+                         "ComfyUI/custom_nodes/<this pack>, or pass --comfyui PATH).")
+
+
+def test_a_benchmark_that_exits_non_zero_fails_its_section_with_the_last_lines(monkeypatch):
+    monkeypatch.setattr(report, "run_bench", lambda *a, **k: (["python"], 3, ["line 1", "Killed"]))
+    with pytest.raises(RuntimeError) as e:
+        report.section_bench("cpu", {"quick": True, "comfyui": None})
+    assert str(e.value) == "attention_core.bench exited 3:\nline 1\nKilled"
+
+
+def test_the_summary_at_the_top_of_the_file(monkeypatch):
+    """Head line with the device's name and arch, the command that made it (--quick / --full), one summary line per
+    section (the failed ones say so), and each section's heading and time."""
+    _fake_bench(monkeypatch, ROWS)
+    monkeypatch.setattr(report, "SECTIONS", [("Device and software", report.section_device),
+                                             ("Detection", lambda d, ctx: ctx.update(verdict="has fused attention")
+                                              or "ok"),
+                                             ("Self-check", lambda d, ctx: 1 / 0),
+                                             ("Benchmark: Wan 2.2 5B 480p attention", report.section_bench)])
+    logged = []
+    text = report.build("cpu", False, "/my ComfyUI", log=logged.append)
+    name, arch = profiles._device_name("cpu")
+    lines = text.splitlines()
+    assert lines[0] == f"# tiled-attention report: {name} ({arch})"
+    assert re.fullmatch(r"Made \d{4}-\d\d-\d\d \d\d:\d\d UTC by `python -m attention_core.report --full --device "
+                        r"cpu`\.", lines[2]), lines[2]
+    assert lines[4:10] == [f"- device: cpu ({name}, {arch})", "- detection: has fused attention",
+                           "- self-check: failed to run, see below",
+                           "- benchmark (full): math 1,235 ms 2,048 MB; auto 988 ms 13 MB",
+                           "- sections that failed: Self-check", ""]
+    assert "**This section failed**: `ZeroDivisionError: division by zero`" in text
+    assert re.search(r"^## Detection\n\nok\n\n_\d+ s_$", text, re.M)
+    assert logged == [f"[report] {t[3:]} ..." for t in TITLES]
+    quick = report.build("cpu", True, None, log=lambda s: None)
+    assert "--quick --device cpu`." in quick and "- benchmark (quick): math" in quick
+
+
+def test_fences_tries_and_versions(monkeypatch, tmp_path):
+    """A code block in the file cannot be closed early by the text inside it; a table cell holds a failing value's
+    error, '-' for none; ROCm's version is read from $ROCM_PATH (else /opt/rocm); the CPU's file name."""
+    assert report._fence("a ``` b\n\n") == "```\na ''' b\n```"
+    assert report._try(lambda: None) == "-" and report._try(lambda: 0) == 0
+    assert report._try(lambda: {}["x"]) == "(KeyError: 'x')"
+    monkeypatch.setenv("ROCM_PATH", str(tmp_path / "none"))
+    assert report._rocm_version() in (None, *([open("/opt/rocm/.info/version").read().strip()]
+                                              if os.path.isfile("/opt/rocm/.info/version") else []))
+    (tmp_path / ".info").mkdir()
+    (tmp_path / ".info" / "version").write_text(" 6.2.4-120\n")
+    monkeypatch.setenv("ROCM_PATH", str(tmp_path))
+    assert report._rocm_version() == "6.2.4-120"
+    assert report.default_out("cpu") == "tiled-attention-report-cpu.md"
+    monkeypatch.setattr(profiles, "_device_name",
+                        lambda d: ("x" * 80, "gfx1100"))
+    assert report.default_out("cuda") == f"tiled-attention-report-{'x' * 60}.md"
+    monkeypatch.setattr(profiles, "_device_name", lambda d: ("?", "!"))
+    assert report.default_out("cuda") == "tiled-attention-report-gpu.md"
+
+
+def test_the_pack_version_names_the_git_commit(monkeypatch):
+    from attention_core import __version__
+    v = report._pack_version()
+    assert v == __version__ or re.fullmatch(re.escape(__version__) + r" \(git [0-9a-f]{4,40}\)", v), v
+    monkeypatch.setattr(report, "ROOT", "/nonexistent")
+    assert report._pack_version() == __version__
+
+
+def test_main_defaults_quick_on_the_cpu_and_the_default_file_here(monkeypatch, tmp_path, capsys):
+    seen = []
+    monkeypatch.setattr(report, "build", lambda device, quick, comfyui, log=print: seen.append(
+        (device, quick, comfyui)) or "# r\n")
+    monkeypatch.setattr(report, "find_comfyui", lambda: "/found")
+    monkeypatch.setattr(cli_args, "default_device", lambda: "cpu")
+    monkeypatch.chdir(tmp_path)
+    assert report.main([]) == 0
+    assert seen == [("cpu", True, "/found")]
+    assert (tmp_path / "tiled-attention-report-cpu.md").read_text() == "# r\n"
+    assert capsys.readouterr().out == (f"wrote {tmp_path / 'tiled-attention-report-cpu.md'}\npaste it into an issue: "
+                                       f"{report.ISSUES}\n")
+    assert report.main(["--full", "--out", "x.md"]) == 0 and seen[-1] == ("cpu", False, "/found")
+    (tmp_path / "tiled-attention-report-cpu.md").unlink()
+    (tmp_path / "tiled-attention-report-cpu.md").mkdir()  # the default path is checked before any work
+    with pytest.raises(SystemExit) as e:
+        report.main([])
+    assert e.value.code == 2 and len(seen) == 2
+    assert capsys.readouterr().err == ("error: argument --out: the default 'tiled-attention-report-cpu.md' is a "
+                                       "folder; expected a file path to write; pass --out PATH\n")
+
+
+@pytest.mark.parametrize("ok", [True, False])
+def test_the_self_check_section_keeps_the_verdict_lines(monkeypatch, ok):
+    """Of the self-check's output only the case lines and the verdict go into the file (not the detection text it
+    prints first), under the verdict and the command that reruns it."""
+    def fake_run(device):
+        print("Detection report\nGPU: none\n")
+        print("ok  chunked  float32   plain                    err 1e-07")
+        print("BAD online   float16   causal                   err 3e-01")
+        print("skipped float64 on cuda: not supported")
+        print("\nall cases within tolerance" if ok else "\nSOME CASES FAILED: please report them")
+        return ok
+    monkeypatch.setattr(selfcheck, "run", fake_run)
+    ctx = {}
+    body = report.section_selfcheck("cpu", ctx)
+    verdict = "passed" if ok else "FAILED"
+    assert ctx["selfcheck"] == verdict
+    assert body == (f"**{verdict}** (`python -m attention_core.selfcheck --device cpu`)\n\n```\n"
+                    "ok  chunked  float32   plain                    err 1e-07\n"
+                    "BAD online   float16   causal                   err 3e-01\n"
+                    "skipped float64 on cuda: not supported\n"
+                    + ("all cases within tolerance" if ok else "SOME CASES FAILED: please report them") + "\n```")
+
+
+def test_run_bench_runs_the_preset_and_passes_its_lines_on(monkeypatch):
+    """The benchmark child: the preset, the device, every method, --json; quick = 2 heads and --quick, full = 3
+    rounds; ComfyUI when found; the pack on PYTHONPATH; each output line logged; the last 20 lines kept."""
+    seen = []
+
+    class FakePopen:
+        def __init__(self, cmd, **kw):
+            seen.append((cmd, kw))
+            self.stdout = iter(f"line {i}\n" for i in range(25))
+
+        def wait(self):
+            return 7
+    monkeypatch.setattr(report.subprocess, "Popen", FakePopen)
+    logged = []
+    cmd, code, tail = report.run_bench("cpu", True, None, "/t/b.json", log=logged.append)
+    assert cmd == [sys.executable, "-m", "attention_core.bench", "--preset", "wan22-5b-480p", "--device", "cpu",
+                   "--methods", "math,torch,chunked,inplace,online,auto,comfy-subquad", "--json", "/t/b.json",
+                   "--heads", "2", "--quick"]
+    assert code == 7 and tail == [f"line {i}" for i in range(5, 25)]
+    assert logged == [f"  bench: line {i}" for i in range(25)]
+    assert seen[0][1]["cwd"] == report.ROOT and seen[0][1]["env"]["PYTHONPATH"].split(os.pathsep)[0] == report.ROOT
+    cmd, _, _ = report.run_bench("cuda", False, "/ComfyUI", "/t/b.json", log=lambda s: None)
+    assert cmd[-4:] == ["--rounds", "3", "--comfyui", "/ComfyUI"]
+
+
+def test_device_section_on_the_cpu(monkeypatch):
+    import types
+    import psutil
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: types.SimpleNamespace(total=16 << 30,
+                                                                                available=int(8.5 * 2 ** 30)))
+    monkeypatch.setenv("TILED_ATTENTION", "off|on")
+    monkeypatch.delenv("TILED_ATTENTION_TUNE", raising=False)
+    ctx = {}
+    table = report.section_device("cpu", ctx)
+    name, arch = profiles._device_name("cpu")
+    assert table.startswith("| | |\n|---|---|\n| device | cpu |\n")
+    for row in (f"| name | {name} |", f"| arch | {arch} |", "| memory total | 16.0 GB |",
+                "| memory free now | 8.5 GB |", f"| CPU threads (torch / cores) | {torch.get_num_threads()} / "
+                f"{os.cpu_count()} |", "| ComfyUI for the comparison | none found (sub-quadratic not compared) |",
+                "| $TILED_ATTENTION | off/on |"):
+        assert row in table.splitlines(), (row, table)
+    assert "$TILED_ATTENTION_TUNE" not in table and (ctx["name"], ctx["arch"]) == (name, arch)
+    assert "| ComfyUI for the comparison | /my/ComfyUI |" in report.section_device("cpu", {"comfyui": "/my/ComfyUI"})
+
+
+def test_device_section_on_a_faked_nvidia_gpu(monkeypatch):
+    """An NVIDIA GPU has no gcnArchName: the arch is sm_<major><minor>; a free-memory query that fails is said in
+    its cell instead of failing the section."""
+    import types
+    props = types.SimpleNamespace(name="NVIDIA H200", major=9, minor=0, multi_processor_count=132,
+                                  total_memory=int(139.8 * 2 ** 30))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: props)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (_ for _ in ()).throw(RuntimeError("busy")))
+    ctx = {}
+    table = report.section_device("cuda:0", ctx).splitlines()
+    for row in ("| arch | sm_90 |", "| compute units / SMs | 132 |", "| memory total | 139.8 GB |",
+                "| memory free now | (RuntimeError: busy) |"):
+        assert row in table, (row, table)
+    assert ctx["arch"] == "sm_90"
+
+
+def test_main_on_a_gpu_defaults_to_the_full_benchmark_and_a_file_named_for_it(monkeypatch, tmp_path):
+    seen = []
+    monkeypatch.setattr(report, "build", lambda device, quick, comfyui, log=print: seen.append((device, quick))
+                        or "# r\n")
+    monkeypatch.setattr(report, "find_comfyui", lambda: None)
+    monkeypatch.setattr(cli_args, "default_device", lambda: "cuda")
+    monkeypatch.setattr(profiles, "_device_name", lambda d: ("NVIDIA H200", "sm_90"))
+    monkeypatch.chdir(tmp_path)
+    assert report.main([]) == 0 and seen == [("cuda", False)]
+    assert (tmp_path / "tiled-attention-report-nvidia-h200-sm-90.md").is_file()
+    assert report.main(["--quick"]) == 0 and seen[-1] == ("cuda", True)
+
+
+def test_find_comfyui_prefers_the_configured_one(monkeypatch, tmp_path):
+    from attention_core import bench
+    monkeypatch.setattr(bench, "default_comfyui", lambda: "/configured")
+    assert report.find_comfyui() == "/configured"
+    # a pack in <folder>/custom_nodes/<pack> whose folder is not a ComfyUI: none
+    monkeypatch.setattr(bench, "default_comfyui", lambda: None)
+    monkeypatch.setattr(report, "ROOT", str(tmp_path / "custom_nodes" / "tiled-attention"))
+    assert report.find_comfyui() is None
+
+
+@pytest.mark.parametrize("needs", [True, False])
+def test_the_detection_section_leads_with_the_verdict(monkeypatch, needs):
+    import types
+    from attention_core import detection
+    r = types.SimpleNamespace(needs_tiled_attention=needs, reason="no fused kernel for gfx906",
+                              text=lambda: "line 1\n```\nline 3\n")
+    monkeypatch.setattr(detection, "detect", lambda device: r)
+    ctx = {}
+    verdict = "needs tiled attention" if needs else "has fused attention"
+    assert report.section_detection("cpu", ctx) == (f"**{verdict}**: no fused kernel for gfx906\n\n"
+                                                    "```\nline 1\n'''\nline 3\n```")
+    assert ctx["verdict"] == verdict

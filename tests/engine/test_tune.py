@@ -2,12 +2,13 @@
 tuned tile computes exactly torch's attention, and one real tuning pass on a tiny shape."""
 import json
 import os
+import re
 import sys
 
 import pytest
 import torch
 
-from attention_core import profiles, tune
+from attention_core import cli_args, profiles, tune
 from reference import math_sdpa
 
 
@@ -79,7 +80,7 @@ def test_profile_reread_when_it_changes(profdir):
     assert profiles.tuned_blocks("cpu", torch.float32, 24, 4096, 4096, 128, "chunked", 1 << 30)[0] == 32
 
 
-@pytest.mark.parametrize("blocks", [(16, 200, 1), (32, 200, 3), (64, 200, 6)])
+@pytest.mark.parametrize("blocks", [(16, 200, 1), (32, 200, 3), (64, 200, 6), (16, 100, 4)])
 def test_run_blocks_is_torch_attention(blocks):
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(2, 6, 200, 32, generator=g) for _ in range(3))
@@ -348,8 +349,11 @@ def test_layout_check_reports_the_medians_and_their_ratio(monkeypatch):
     lines = []
     r = tune.layout_check(2, 64, 16, "float32", "cpu", 32, 4, log=lines.append)
     # rounds: (qm, km) = (0.3, 0.1), (km, qm) = (0.2, 0.1), (qm, km) = (0.1, 0.9), (km, qm) = (0.2, 0.1)
-    assert r["queries_major_ms"] == pytest.approx(100.0) and r["keys_major_ms"] == pytest.approx(200.0)
-    assert "queries-major 100.0 ms, keys-major 200.0 ms (keys-major 0.50x as fast" in lines[0], lines
+    assert r == {"heads": 2, "n": 64, "dim": 16, "dtype": "float32", "block_q": 32, "heads_per_group": 2,
+                 "queries_major_ms": pytest.approx(100.0), "keys_major_ms": pytest.approx(200.0)}
+    assert lines == ["  layout 2x16 N=64 float32, tile 32 rows x 2 heads, 32 rows, 4 rounds: queries-major 100.0 ms, "
+                     "keys-major 200.0 ms (keys-major 0.50x as fast; per round [3.0, 0.5, 0.11, 0.5]; "
+                     "max |diff| 0.0e+00)"]
 
 
 def test_layout_check_cli_prints_both_layouts(capsys):
@@ -464,3 +468,391 @@ def test_online_candidates_try_every_key_block_up_to_n():
         kv = sorted({c[1] for c in tune.candidates("online", 4, n, 512)})
         assert kv == [b for b in (512, 1024, 2048, 4096) if b <= n], (n, kv)
         assert {c[1] for c in tune.candidates("chunked", 4, n, 512)} == {n}
+
+
+# ------------------------------------------------------------------ what tune prints and keeps, with its numbers
+def _fake_timings(monkeypatch, seconds, engine):
+    """run_blocks / the untuned call record what ran; _time answers `seconds[tile]` or `engine` for it."""
+    ran = []
+    monkeypatch.setattr(tune, "run_blocks", lambda q, k, v, blocks, tier="chunked": ran.append(tuple(blocks)))
+    monkeypatch.setattr(tune, "scaled_dot_product_attention", lambda q, *a, **kw: ran.append(("engine", q.shape)))
+
+    def fake_time(fn, repeats, warm=True):
+        fn()
+        return engine if ran[-1][0] == "engine" else seconds[ran[-1]]
+    monkeypatch.setattr(tune, "_time", fake_time)
+    return ran
+
+
+# 4 heads, 1,024 keys, 256 rows: six chunked candidates; the engine's own tile is (128, 1024, 4)
+SIX = {(64, 1024, 2): 1.3, (128, 1024, 2): 1.02, (256, 1024, 2): 1.2,
+       (64, 1024, 4): 1.4, (128, 1024, 4): 1.1, (256, 1024, 4): 1.0}
+
+
+def test_tune_shape_logs_every_candidate_and_a_summary_with_the_fastest_and_the_kept_tile(monkeypatch):
+    """The lines a user reads while tuning: the engine's own plan, each candidate's median in ms, then one summary
+    with the untuned tile and time, the fastest time of all, and the kept tile (the smallest within 3 %: here
+    (128, 1024, 2) at 1,020 ms, not the fastest (256, 1024, 4) at 1,000 ms); the entry holds the same figures."""
+    _fake_timings(monkeypatch, SIX, engine=1.5)
+    lines = []
+    e = tune.tune_shape(4, 1024, 32, "float32", "cpu", "chunked", 256, 1, log=lines.append)
+    assert lines[0] == "    engine's own plan:                    1500.0 ms"
+    assert lines[1] == "    block_q   64 x keys  1024 x  2 heads:   1300.0 ms"
+    assert lines[2] == "    block_q  128 x keys  1024 x  2 heads:   1020.0 ms"
+    assert lines[6] == "    block_q  256 x keys  1024 x  4 heads:   1000.0 ms"
+    assert lines[7] == ("  chunked  4x32 N=1024 float32: untuned (128, 1024, 4) 1500 ms, fastest 1000 ms, kept "
+                        "(128, 1024, 2) 1020 ms on 256 rows (smallest within 3 % of the fastest)")
+    assert len(lines) == 8
+    assert e == {"tier": "chunked", "dtype": "float32", "heads": 4, "dim": 32, "n": 1024, "rows_timed": 256,
+                 "block_q": 128, "block_kv": 1024, "heads_per_group": 2, "ms": pytest.approx(1020.0),
+                 "untuned_ms": pytest.approx(1500.0), "fastest_ms": pytest.approx(1000.0), "use": True}
+
+
+def test_tune_shape_says_when_the_engines_own_tile_is_as_good(monkeypatch):
+    """The engine's own plan fastest (900 ms, more than 3 % ahead of every candidate): the summary's fastest is
+    its time, the entry keeps the best candidate but with use = false, and the line says it is not used."""
+    _fake_timings(monkeypatch, SIX, engine=0.9)
+    lines = []
+    e = tune.tune_shape(4, 1024, 32, "float32", "cpu", "chunked", 256, 1, log=lines.append)
+    assert lines[-1] == ("  chunked  4x32 N=1024 float32: untuned (128, 1024, 4) 900 ms, fastest 900 ms, kept "
+                         "(128, 1024, 2) 1020 ms on 256 rows (smallest within 3 % of the fastest); the engine own "
+                         "tile is as good: not used")
+    assert e["fastest_ms"] == pytest.approx(900.0) and e["ms"] == pytest.approx(1020.0) and e["use"] is False
+
+
+def test_tune_shape_times_at_most_n_rows(monkeypatch):
+    """--rows above the key count: the query rows timed (and said) are the keys' count, N."""
+    ran = _fake_timings(monkeypatch, {c: 1.0 for c in tune.candidates("chunked", 2, 512, 512)}, engine=2.0)
+    lines = []
+    e = tune.tune_shape(2, 512, 16, "float32", "cpu", "chunked", 4096, 1, log=lines.append)
+    assert ran[0] == ("engine", torch.Size([1, 2, 512, 16]))
+    assert e["rows_timed"] == 512 and " on 512 rows " in lines[-1]
+    assert {c[0] for c in ran[1:]} == {64, 128, 256, 512}
+
+
+def test_candidates_are_the_documented_grid_with_inclusive_bounds():
+    """Head groups of 2, 4, 8 or all heads (divisors only), rows 64..512 not above --rows, tiles of 2^16 to 2^24
+    scores, both bounds included."""
+    assert tune.candidates("chunked", 2, 512, 64) == [(64, 512, 2)]  # 2 x 64 x 512 = 2^16 exactly
+    assert tune.candidates("chunked", 2, 511, 64) == []  # one score short of 2^16
+    assert tune.candidates("chunked", 3, 1024, 64) == [(64, 1024, 3)]  # 2 does not divide 3 heads
+    assert tune.candidates("chunked", 6, 1024, 100) == [(64, 1024, 2), (64, 1024, 6)]  # 128 rows > --rows 100
+    c8 = tune.candidates("chunked", 8, 4096, 512)
+    assert (512, 4096, 8) in c8 and len(c8) == 12  # 8 x 512 x 4096 = 2^24 exactly: still a candidate
+    c16 = tune.candidates("chunked", 16, 4096, 512)
+    assert (512, 4096, 16) not in c16 and (256, 4096, 16) in c16  # 2^25 scores: too large
+    assert {c[2] for c in tune.candidates("inplace", 24, 1024, 512)} == {2, 4, 8, 24}
+    assert tune.candidates("online", 2, 512, 64) == [(64, 512, 2)]
+
+
+def test_choose_keeps_the_smallest_within_the_tolerance_and_the_faster_of_equal_sizes():
+    t = {(128, 1024, 2): 103.0, (256, 1024, 4): 100.0}
+    assert tune.choose(list(t.items())) == ((128, 1024, 2), 103.0)  # exactly 3 % slower still counts as fast
+    t[(128, 1024, 2)] = 103.01
+    assert tune.choose(list(t.items())) == ((256, 1024, 4), 100.0)
+    # the same number of scores: the faster
+    assert tune.choose([((64, 1024, 4), 101.0), ((128, 1024, 2), 100.5), ((256, 1024, 4), 100.0)]) == \
+        ((128, 1024, 2), 100.5)
+
+
+def test_time_is_the_median_of_the_repeats_after_one_warm_up_call(monkeypatch):
+    calls = []
+    clock = iter([0.0, 5.0, 10.0, 11.0, 20.0, 23.0])  # runs of 5, 1 and 3 s
+    monkeypatch.setattr(tune.time, "perf_counter", lambda: next(clock))
+    assert tune._time(lambda: calls.append(1), 3) == 3.0 and len(calls) == 4
+    calls.clear()
+    clock = iter([0.0, 2.0, 10.0, 14.0])
+    assert tune._time(lambda: calls.append(1), 2, warm=False) == 3.0 and len(calls) == 2
+
+
+def test_tune_cli_defaults(monkeypatch, capsys):
+    """Without flags: the default presets (Wan 2.2 5B 480p, LTX 2.3 22B 720p, the reference lengths) with N capped
+    at --max-n 8,192 (LTX's 14,960 keys become 8,192), the chunked tier, 1,024 rows, 2 repeats, float32 on the
+    CPU; the first line says what is tuned. A run that tunes nothing: the error line, exit 1."""
+    monkeypatch.setattr(cli_args, "default_device", lambda: "cpu")
+    seen = []
+    monkeypatch.setattr(tune, "tune", lambda *a, **kw: seen.append(a) or {"entries": []})
+    assert tune.main([]) == 1
+    shapes = [(24, 4290, 128), (32, 8192, 128), (16, 1024, 64), (16, 2048, 64), (16, 4096, 64)]
+    assert seen == [("cpu", ["float32"], shapes, ["chunked"], 1024, 2)]
+    out, err = capsys.readouterr()
+    name, arch = profiles._device_name("cpu")
+    assert out.splitlines()[0] == (f"# tuning cpu ({name} / {arch}), torch {torch.__version__}, "
+                                   f"{torch.get_num_threads()} threads, dtypes ['float32'], shapes {shapes}")
+    assert err == ("error: no shape could be tuned on cpu (every candidate tile failed; see the lines above): "
+                   "nothing saved; try --rows smaller, --max-n smaller or fewer --presets\n")
+    assert tune.main(["--layouts", "0"]) == 1 and seen[-1] == seen[0]  # 0 rounds: tune
+    monkeypatch.setattr(cli_args, "default_device", lambda: "cuda")  # on a GPU: float16
+    monkeypatch.setattr(tune, "_device_name", lambda device: ("GPU", "sm_90"))
+    assert tune.main(["--presets", "reference"]) == 1 and seen[-1][:2] == ("cuda", ["float16"])
+
+
+def test_tune_cli_layouts_times_each_dtype_and_shape_and_saves_nothing(monkeypatch, capsys, profdir):
+    """--layouts ROUNDS: the layout check at every (dtype, shape), rows capped at N, ROUNDS rounds; no tuning."""
+    seen = []
+    monkeypatch.setattr(tune, "layout_check", lambda h, n, d, dt, dev, rows, rounds, log: seen.append(
+        (h, n, d, dt, dev, rows, rounds)))
+    monkeypatch.setattr(tune, "tune", lambda *a, **kw: pytest.fail("--layouts must not tune"))
+    assert tune.main(["--layouts", "3", "--presets", "reference,wan22-5b-480p", "--max-n", "2048", "--rows", "1536",
+                      "--dtype", "fp32,bf16", "--device", "cpu"]) == 0
+    shapes = [(16, 1024, 64), (16, 2048, 64), (24, 2048, 128)]
+    assert seen == [(h, n, d, dt, "cpu", min(1536, n), 3) for dt in ("float32", "bfloat16") for h, n, d in shapes]
+    assert capsys.readouterr().out.startswith("# layouts on cpu (")
+    assert os.listdir(profdir) == []
+
+
+# ------------------------------------------------------------------ profiles: validation, nearest entry, switches
+def test_bytes_per_score_is_the_planners_for_every_tier_and_dtype():
+    """The profile hook checks a tuned tile against the budget at the planner's own cost per score
+    (memory.bytes_per_score): a different figure would take tiles the planner would refuse, or refuse good ones."""
+    from attention_core import memory
+    from attention_core.numerics import choose_numerics
+    from attention_core.problem import normalize
+    for dt in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        q = torch.zeros(1, 2, 8, 4, dtype=dt)
+        p = normalize(q, q, q)
+        for tier in ("chunked", "inplace", "online"):
+            assert profiles.bytes_per_score(tier, dt) == memory.bytes_per_score(
+                tier, p, choose_numerics(p.dtype, p.device)), (dt, tier)
+    assert [profiles.bytes_per_score(t, torch.float32) for t in ("chunked", "inplace", "online")] == [8, 4, 12]
+
+
+def test_validate_profile_says_what_is_wrong_with_each_dropped_entry():
+    """The warning a user reads about a hand-edited or damaged profile names each bad entry and why."""
+    good = entry()
+    assert profiles.validate_profile([good]) == (None, ["a JSON list, not a profile object"])
+    assert profiles.validate_profile({"version": 2, "entries": []}) == (
+        None, ["version 2, this engine reads version 1"])
+    assert profiles.validate_profile({"version": 1, "entries": {}}) == (None, ["'entries' is dict, not a list"])
+    bad = ["x", entry(tier="auto"), entry(dtype=16), entry(block_q=0), entry(heads_per_group=True),
+           entry(n=2.5), entry(use="yes")]
+    prof, problems = profiles.validate_profile({"version": 1, "entries": [good, *bad, entry(block_q=1, n=1)]})
+    assert prof["entries"] == [good, entry(block_q=1, n=1)]  # 1 is a valid count
+    assert problems == ["7 of 9 entries dropped", "entry 1: str instead of an object",
+                        "entry 2: tier 'auto' is not one of chunked, inplace, online",
+                        "entry 3: dtype 16 is not a dtype name", "entry 4: block_q 0 is not an integer >= 1",
+                        "entry 5: heads_per_group True is not an integer >= 1",
+                        "entry 6: n 2.5 is not an integer >= 1", "entry 7: use 'yes' is not true/false"]
+    assert profiles.validate_profile({"version": 1, "entries": [good]}) == ({"version": 1, "entries": [good]}, [])
+    prof, problems = profiles.validate_profile({"version": 1, "entries": [], "layouts": {"float32": "keys",
+                                                                                         "float16": "rows"}})
+    assert prof["layouts"] == {"float32": "keys"}
+    assert problems == ["layouts['float16'] 'rows' is not one of queries, keys; dropped"]
+    prof, problems = profiles.validate_profile({"version": 1, "entries": [], "layouts": "keys"})
+    assert prof["layouts"] == {} and problems == ["'layouts' is str, not an object of dtype: layout; ignored"]
+
+
+def _lookup_n_heads(entries, heads, n, monkeypatch, dim=128):
+    monkeypatch.setattr(profiles, "load_profile", lambda device="cpu": {"version": 1, "entries": entries})
+    e = profiles.lookup((1, heads, n, dim), torch.float32)
+    return None if e is None else (e["heads"], e["n"])
+
+
+def test_the_nearest_tuned_shape_serves_key_and_head_counts_within_2x(monkeypatch):
+    """A tuned tile serves shapes with key and head counts within 2x of the tuned ones (both bounds included),
+    the nearest by the sum of the log ratios; farther shapes get the engine's own plan."""
+    one = [entry(heads=24, n=4096)]
+    for heads, n in ((24, 2048), (24, 8192), (12, 4096), (48, 4096), (12, 8192)):
+        assert _lookup_n_heads(one, heads, n, monkeypatch) == (24, 4096), (heads, n)
+    for heads, n in ((24, 2047), (24, 8193), (11, 4096), (49, 4096)):
+        assert _lookup_n_heads(one, heads, n, monkeypatch) is None, (heads, n)
+    two = [entry(heads=24, n=2048), entry(heads=24, n=8192)]
+    assert _lookup_n_heads(two, 24, 3000, monkeypatch) == (24, 2048)
+    assert _lookup_n_heads(two, 24, 6000, monkeypatch) == (24, 8192)
+    # 2x off in heads vs 1.5x off in keys: the smaller total distance wins
+    mixed = [entry(heads=12, n=4096), entry(heads=24, n=6144)]
+    assert _lookup_n_heads(mixed, 24, 4096, monkeypatch) == (24, 6144)
+    # other tier, dtype or head dim: no entry; an entry the engine's plan beat is still looked up
+    assert _lookup_n_heads([entry(tier="online")], 24, 4096, monkeypatch) is None
+    assert _lookup_n_heads([entry(dim=64)], 24, 4096, monkeypatch) is None
+    assert _lookup_n_heads([entry(dtype="float16")], 24, 4096, monkeypatch) is None
+    assert _lookup_n_heads([entry(use=False)], 24, 4096, monkeypatch) == (24, 4096)
+
+
+def test_a_rescaled_tile_keeps_at_least_16_rows_and_at_most_the_calls():
+    """Chunked rows scale with tuned keys / call keys, floor 16 rows (MIN_ROWS), ceiling the call's query rows; the
+    key block is always all keys; 'all heads' (heads_per_group = tuned heads) means all heads of the call."""
+    e = entry(block_q=64, n=1024, heads=8, heads_per_group=8)
+    assert profiles.tuned_blocks_for(e, 16, 8192, 8192) == (16, 8192, 16)  # 64 x 1024 / 8192 = 8 -> 16
+    assert profiles.tuned_blocks_for(e, 16, 8192, 2048) == (32, 2048, 16)
+    assert profiles.tuned_blocks_for(e, 4, 10, 512) == (10, 512, 4)  # 128 rows > the call's 10
+    assert profiles.tuned_blocks_for(entry(heads=8, heads_per_group=2), 4, 4096, 4096) == (128, 4096, 2)
+    assert profiles.tuned_blocks_for(entry(heads=8, heads_per_group=4), 2, 4096, 4096) == (128, 4096, 2)
+    online = entry(tier="online", block_q=256, block_kv=1024, n=8192)
+    assert profiles.tuned_blocks_for(online, 24, 4096, 2048) == (256, 1024, 4)
+    assert profiles.tuned_blocks_for(online, 24, 100, 700) == (100, 700, 4)
+
+
+@pytest.mark.parametrize("value,used", [("off", False), ("OFF", False), ("0", False), ("false", False),
+                                        ("No", False), ("on", True), ("", True)])
+def test_the_tune_switch_turns_profiles_and_their_layouts_off(profdir, monkeypatch, value, used):
+    prof = {"version": profiles.PROFILE_VERSION, "entries": [entry()], "layouts": {"float32": "queries"}}
+    profiles.save_profile(prof, "cpu")
+    monkeypatch.setenv(profiles.ENV_SWITCH, value)
+    got = profiles.tuned_blocks("cpu", torch.float32, 24, 4096, 4096, 128, "chunked", 1 << 30)
+    assert got == ((128, 4096, 4) if used else None)
+    # the profile measured queries-major; without it the CPU's default, keys-major
+    assert profiles.score_layout("cpu", torch.float32) == ("queries" if used else "keys")
+
+
+def test_score_layout_the_override_then_the_profile_then_the_device_default(profdir, monkeypatch):
+    profiles.save_profile({"version": 1, "entries": [], "layouts": {"float32": "queries"}}, "cpu")
+    monkeypatch.setenv(profiles.ENV_LAYOUT, " Keys ")
+    assert profiles.score_layout("cpu", torch.float32) == "keys"
+    monkeypatch.delenv(profiles.ENV_LAYOUT)
+    assert profiles.score_layout("cpu", torch.float32) == "queries"
+    assert profiles.score_layout("cpu", torch.float64) == "keys"  # no measurement for float64: the CPU's default
+    monkeypatch.setattr(profiles, "load_profile", lambda device="cpu": None)
+    assert profiles.score_layout("meta", torch.float32) == "queries"  # not a CPU: queries-major
+
+
+def test_profile_name_is_a_lower_case_slug_of_device_arch_and_torch(monkeypatch):
+    monkeypatch.setattr(profiles, "_device_name", lambda device: ("AMD Instinct MI50/MI60", "gfx906"))
+    monkeypatch.setattr(torch, "__version__", "2.5.1+rocm6.2")
+    assert profiles.profile_name("cuda") == "amd-instinct-mi50-mi60-gfx906-torch2-5-1-rocm6-2.json"
+
+
+def test_profile_dirs_in_order_without_duplicates(monkeypatch, tmp_path):
+    """ComfyUI's user folder first, then $TILED_ATTENTION_PROFILE_DIR (or the user cache); the same folder once;
+    a profile is read from the first folder that has it, and written to the first folder."""
+    import types
+    user = tmp_path / "user"
+    monkeypatch.setitem(sys.modules, "folder_paths", types.SimpleNamespace(get_user_directory=lambda: str(user)))
+    monkeypatch.setenv(profiles.ENV_DIR, str(user / "tiled-attention"))
+    assert profiles.profile_dirs() == [str(user / "tiled-attention")]
+    monkeypatch.setenv(profiles.ENV_DIR, str(tmp_path / "env"))
+    assert profiles.profile_dirs() == [str(user / "tiled-attention"), str(tmp_path / "env")]
+    (tmp_path / "env").mkdir()
+    (tmp_path / "env" / "p.json").write_text("{}")
+    assert profiles.find_profile_file("p.json") == str(tmp_path / "env" / "p.json")
+    assert profiles.find_profile_file("q.json") == str(user / "tiled-attention" / "q.json")
+    monkeypatch.delenv(profiles.ENV_DIR)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert profiles.profile_dirs()[1] == str(tmp_path / "home" / ".cache" / "tiled-attention")
+    # a ComfyUI without a user directory (an old one, or one that raises): the per-user folder only
+    monkeypatch.setitem(sys.modules, "folder_paths", types.SimpleNamespace())
+    assert profiles.profile_dirs() == [str(tmp_path / "home" / ".cache" / "tiled-attention")]
+    monkeypatch.setitem(sys.modules, "folder_paths", types.SimpleNamespace(get_user_directory=lambda: 1 / 0))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert profiles.profile_dirs() == [str(tmp_path / "xdg" / "tiled-attention")]
+
+
+def test_tune_logs_the_layout_kept_and_records_the_run_in_the_profile(monkeypatch):
+    """tune(): every (dtype, tier, shape) tuned in that order; the layout check at each shape on min(rows, N) rows
+    with LAYOUT_ROUNDS rounds; the line saying which layout is kept; the profile says what it was measured on."""
+    tuned, checked = [], []
+    monkeypatch.setattr(tune, "tune_shape", lambda h, n, d, dt, dev, tier, rows, rep, log: tuned.append(
+        (h, n, d, dt, dev, tier, rows, rep)) or {"n": n})
+    monkeypatch.setattr(tune, "layout_check", lambda h, n, d, dt, dev, rows, rounds, log: checked.append(
+        (h, n, dt, rows, rounds)) or {"queries_major_ms": 2.0, "keys_major_ms": 1.0})
+    lines = []
+    shapes = [(4, 256, 32), (8, 2048, 32)]
+    prof = tune.tune("cpu", ["float32", "float16"], shapes, ["chunked", "online"], 1024, 3, log=lines.append)
+    assert tuned == [(h, n, d, dt, "cpu", tier, 1024, 3) for dt in ("float32", "float16")
+                     for tier in ("chunked", "online") for h, n, d in shapes]
+    assert checked == [(h, n, dt, min(1024, n), 4) for dt in ("float32", "float16") for h, n, d in shapes]
+    assert tune.LAYOUT_ROUNDS == 4
+    assert lines == [f"  chunked {dt}: score layout kept: keys-major" for dt in ("float32", "float16")]
+    name, arch = profiles._device_name("cpu")
+    assert prof["layouts"] == {"float32": "keys", "float16": "keys"} and len(prof["entries"]) == 8
+    assert (prof["version"], prof["device"], prof["arch"], prof["torch"], prof["threads"]) == (
+        profiles.PROFILE_VERSION, name, arch, torch.__version__, torch.get_num_threads())
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", prof["created"]), prof["created"]
+
+
+def test_tune_says_why_the_layouts_were_not_compared(monkeypatch):
+    monkeypatch.setattr(tune, "tune_shape", lambda *a: {})
+    monkeypatch.setattr(tune, "layout_check", lambda *a: (_ for _ in ()).throw(MemoryError("no room")))
+    lines = []
+    prof = tune.tune("cpu", ["float32"], [(4, 256, 32)], ["chunked"], 64, 1, log=lines.append)
+    assert lines == ["  chunked float32: score layouts not compared (MemoryError: no room); default kept"]
+    assert "layouts" not in prof
+
+
+def test_tune_cli_says_where_it_saved_and_whether_auto_reads_it(monkeypatch, capsys, profdir):
+    monkeypatch.setattr(tune, "tune", lambda *a, **kw: {"version": 1, "entries": [entry()]})
+    assert tune.main(["--device", "cpu"]) == 0
+    path = profiles.profile_path("cpu")
+    base = os.path.basename(path)
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"saved {path}; tier 'auto' uses it, in ComfyUI too (unless <ComfyUI user directory>/tiled-attention/{base} "
+        "exists, which ComfyUI reads first; TILED_ATTENTION_TUNE=off ignores profiles)")
+    other = profdir / "other.json"
+    assert tune.main(["--device", "cpu", "--out", str(other)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"saved {other}; tier 'auto' does not read this path: it reads {path} (inside ComfyUI first <ComfyUI user "
+        f"directory>/tiled-attention/{base}); copy the file there to use it")
+    with open(other) as f:
+        assert json.load(f)["entries"] == [entry()]
+
+
+def test_the_warning_about_a_bad_profile_names_it_and_says_how_to_fix_it(profdir, caplog):
+    path = write([entry(), entry(block_q=0)])
+    with caplog.at_level("WARNING"):
+        prof = profiles.load_profile("cpu")
+    assert prof["entries"] == [entry()]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"tiled attention: the tuned profile {path} is not usable as written (ignoring the problems listed): "
+        "1 of 2 entries dropped; entry 1: block_q 0 is not an integer >= 1. Re-run `python -m attention_core.tune` "
+        "to rewrite it, or delete it."]
+
+
+
+def test_run_blocks_takes_a_profile_entry_with_its_tier_and_rescaled_tile(monkeypatch):
+    """tune's helper run on a profile entry: the entry's tier and its tile for this shape (tuned_blocks_for), one
+    call per head group, the last group the remainder."""
+    calls = []
+
+    def spy(q, k, v, tier, block_q, block_kv):
+        calls.append((q.shape[1], tier, block_q, block_kv))
+        return torch.zeros_like(q)
+    monkeypatch.setattr(tune, "scaled_dot_product_attention", spy)
+    q = torch.zeros(1, 6, 64, 8)
+    tune.run_blocks(q, q, q, entry(tier="online", heads=6, n=64, block_q=32, block_kv=16, heads_per_group=4))
+    assert calls == [(4, "online", 32, 16), (2, "online", 32, 16)]
+    calls.clear()
+    tune.run_blocks(q, q, q, entry(heads=6, n=32, block_q=32, heads_per_group=6), tier="online")
+    assert calls == [(6, "chunked", 16, 64)]  # 32 rows x 32 tuned keys / 64 keys
+
+
+def test_the_cpus_name_is_its_model_name(monkeypatch):
+    """A CPU profile is named for the model in /proc/cpuinfo, else platform.processor(), else 'cpu'."""
+    import io
+    import platform
+    cpuinfo = "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13 64-Core: x\nmodel name\t: other\n"
+    monkeypatch.setattr(profiles, "open", lambda path: io.StringIO(cpuinfo), raising=False)
+    monkeypatch.setattr(platform, "processor", lambda: "x86_64")
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    assert profiles._device_name("cpu") == ("AMD EPYC 7B13 64-Core: x", "x86_64")
+
+    def no_file(path):
+        raise OSError(path)
+    monkeypatch.setattr(profiles, "open", no_file, raising=False)
+    assert profiles._device_name("cpu") == ("x86_64", "x86_64")
+    monkeypatch.setattr(platform, "processor", lambda: "")
+    monkeypatch.setattr(platform, "machine", lambda: "")
+    assert profiles._device_name("cpu") == ("cpu", "cpu")
+
+
+def test_the_layout_check_times_scores_at_attentions_scale(monkeypatch):
+    """The chunked loop has no scale argument: the layout check folds the default softmax scale 1/sqrt(D) into the
+    queries, so its scores of unit-normal inputs have unit spread, as the engine's (not D or 1/D times that)."""
+    seen = []
+    real = tune._chunked_loop
+
+    def spy(q, k, v, bq, keys_major):
+        seen.append((q @ k.transpose(-1, -2)).std().item())
+        return real(q, k, v, bq, keys_major)
+    monkeypatch.setattr(tune, "_chunked_loop", spy)
+    tune.layout_check(2, 256, 64, "float32", "cpu", 64, 1, log=lambda s: None)
+    assert seen and all(0.85 < s < 1.15 for s in seen), seen
+
+
+@pytest.mark.parametrize("small,large", [((64, 1024, 2), (128, 1024, 2)), ((64, 1024, 2), (64, 1024, 4)),
+                                         ((64, 512, 2), (64, 1024, 2))])
+def test_choose_counts_rows_keys_and_heads_in_a_tiles_size(small, large):
+    """The size that decides is rows x keys x heads: a tile smaller in any one of them is kept over a 1 % faster
+    larger one."""
+    assert tune.choose([(large, 1.0), (small, 1.01)]) == (small, 1.01)
+    assert tune.choose([(small, 1.01), (large, 1.0)]) == (small, 1.01)
