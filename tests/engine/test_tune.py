@@ -438,13 +438,21 @@ def test_the_layout_check_out_of_memory_keeps_the_default_layout_and_a_bug_is_ra
             tune.tune("cpu", ["float32"], [(2, 512, 64)], ["chunked"], 64, 1, log=lines.append)
 
 
+def as_typed(name: str) -> str:
+    """`name` as the command line hands it over (split out of --tiers): an equal string that is not the interned
+    literal, so identity tests (`is "online"`) cannot pass for equality."""
+    typed = "".join(list(name))
+    assert typed == name and typed is not name
+    return typed
+
+
 @pytest.mark.parametrize("tier", ["chunked", "inplace", "online"])
-@pytest.mark.parametrize("budget", [None, 40 * 2 ** 20, 480 * 2 ** 10])
+@pytest.mark.parametrize("budget", [None, 40 * 2 ** 20, 480 * 2 ** 10, 100 * 2 ** 10])
 def test_the_engine_tile_tune_compares_against_is_the_one_the_engine_plans(tier, budget, monkeypatch):
     """tune times the engine's own tile beside the candidates; it must be the tile the engine's planner
     (memory.plan_forward) really takes for those rows at that budget, every tier (only online may shrink its key
     block to fit; with no tile fitting, the fallback is the whole shape). 480 KB: chunked and in-place do not fit
-    8,192 keys, online does with a smaller key block."""
+    8,192 keys, online does with a smaller key block; 100 KB: online only after halving its 1,024-key block."""
     from attention_core.memory import plan_forward, tile_budget
     from attention_core.numerics import choose_numerics
     from attention_core.problem import normalize
@@ -455,17 +463,19 @@ def test_the_engine_tile_tune_compares_against_is_the_one_the_engine_plans(tier,
     p = normalize(q, k, k)
     plan = plan_forward(p, choose_numerics(p.dtype, p.device), tier,
                         budget if budget is not None else tile_budget(p.device))
-    got = tune.engine_tile(heads, n, rows, "float32", "cpu", tier)
+    got = tune.engine_tile(heads, n, rows, "float32", "cpu", as_typed(tier))
     want = (plan.block_q, plan.block_kv, plan.block_h) if plan is not None else (rows, n, heads)
     assert got == want
-    if budget == 480 * 2 ** 10:
+    if budget is not None and budget <= 480 * 2 ** 10:
         assert (plan is None) == (tier != "online") and (tier != "online" or plan.block_kv < 4096)
+    if budget == 100 * 2 ** 10 and tier == "online":  # 16 rows x 1,024 keys x 12 bytes do not fit: 512 keys do
+        assert plan.block_kv == 512
 
 
 def test_online_candidates_try_every_key_block_up_to_n():
     """Online tiles sweep key blocks 512..4096 that are not longer than the keys; the other tiers take all keys."""
     for n in (512, 2048, 8192):
-        kv = sorted({c[1] for c in tune.candidates("online", 4, n, 512)})
+        kv = sorted({c[1] for c in tune.candidates(as_typed("online"), 4, n, 512)})
         assert kv == [b for b in (512, 1024, 2048, 4096) if b <= n], (n, kv)
         assert {c[1] for c in tune.candidates("chunked", 4, n, 512)} == {n}
 
