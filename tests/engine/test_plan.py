@@ -381,3 +381,53 @@ def test_time_report_reads_the_calibration_of_the_tiles_dtype(profdir, monkeypat
     plan.time_report(est, device="cuda")
     plan.time_report(plan.estimate("wan22-5b", 832, 480, 41, free=GB, dtype="bf16", precision="input"), cpu=True)
     assert seen == [("cuda", "fp16"), ("cpu", "bf16")]
+
+
+def test_head_split_of_a_batch():
+    """Batch 2, 12 MB free on a GPU: chunked takes 2 of the 24 heads (64 rows); the call then holds both batch
+    items' K/V copies of those heads (2 x 2 x 2 x 4,290 x 128 x 2 B) and their own output with fp32 row
+    statistics (2 x 2 x 4,290 x (128 x 2 + 8) B); inplace's 4-head group is outweighed by the fp16 guard's fp32
+    copy of K (4 x 2 x 4 x 4,290 x 128 B)."""
+    est = plan.estimate("wan22-5b", 832, 480, 41, free=12 << 20, batch=2)
+    c = est["tiers"]["chunked"]
+    assert c["tile"] == {"rows": 64, "keys": 4290, "heads": 2, "bytes": 8 * 2 * 2 * 64 * 4290}
+    assert c["copies"] == 2 * 2 * 2 * 4290 * 128 * 2
+    assert c["group_out"] == 2 * 2 * 4290 * (128 * 2 + 8)
+    assert c["total"] == c["copies"] + c["group_out"] + c["tile"]["bytes"]
+    i = est["tiers"]["inplace"]
+    assert i["tile"]["heads"] == 4 and i["total"] == 2 * 2 * 4 * 4290 * 128 * 2 + 2 * 4 * 4290 * 264 + \
+        4 * 2 * 4 * 4290 * 128
+
+
+def test_sub_quadratic_takes_each_listed_chunk():
+    """Each of ComfyUI's query chunks (4096, 2048, 1024, 512, 256) is taken exactly when 4 x bh x e x chunk x N
+    bytes fit."""
+    bh, e, n = 24, 2, 5000
+    for x in plan.COMFY_SUBQUAD_CHUNKS:
+        assert plan.comfy_subquad(bh, n, e, 4 * bh * e * x * n)["q_chunk"] == x
+    assert plan.COMFY_SUBQUAD_CHUNKS == (4096, 2048, 1024, 512, 256)
+    assert plan.comfy_subquad(bh, n, e, 4 * bh * e * 256 * n - 1) == {"q_chunk": 512, "kv_chunk": 70,
+                                                                       "bytes": 2 * bh * 512 * 70 * e}
+
+
+def test_detected_free_memory_on_a_gpu(monkeypatch):
+    """With a GPU, free memory is the first GPU's, named in the report."""
+    import torch
+
+    import attention_core.memory as memory
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda dev=None: "Test Card 48GB")
+    monkeypatch.setattr(memory, "free_memory", lambda dev: 7 * GB if dev.type == "cuda" else None)
+    assert plan.detected_free() == (7 * GB, "GPU Test Card 48GB")
+
+
+def test_cli_help_names_the_tool_and_its_ranges(capsys):
+    """--help: the module docstring's first line as the description, and each flag's range."""
+    with pytest.raises(SystemExit) as e:
+        plan.main(["--help"])
+    assert e.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Will it fit: tokens and per-call memory of a video model's attention" in out  # (argparse wraps it)
+    assert "before running anything." in out
+    assert "free memory in GB, 0.000001 to 1,000,000 (default: detected)" in out
+    assert "pixels, up to 16384" in out and "up to 10000" in out and "up to 256" in out
