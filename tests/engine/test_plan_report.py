@@ -222,3 +222,27 @@ def test_q_k_v_o_warning_exactly_above_free():
     assert "alone take" not in plan.report(est)
     est["free"] = est["qkvo"] - 1
     assert "but q, k, v and o of one call alone take 100.5 MB > 100.5 MB free" in plan.report(est)
+
+
+def test_non_square_geometry_is_written_time_height_width(monkeypatch, capsys):
+    """The shipped models compress and patch height and width alike, so a model whose VAE (2, 4, 8) and patch
+    (1, 2, 4) differ per axis shows that the report, the smallest size and the refusals keep time x height x
+    width apart: 100x40 pixels, 5 frames -> latent 3 x 10 x 12 -> 3 x 5 x 3 = 45 tokens."""
+    monkeypatch.setitem(plan.MODELS, "odd", plan.ModelSpec("odd", "Odd", (2, 4, 8), (1, 2, 4), 2, 8, 64, 1, "test"))
+    spec = plan.MODELS["odd"]
+    assert plan.min_size(spec) == (8, 4, 1)
+    assert plan.latent_shape(spec, 100, 40, 5) == (3, 10, 12) and plan.tokens(spec, 100, 40, 5) == 45
+    lines = plan.report(plan.estimate("odd", 100, 40, 5, free=GB)).splitlines()
+    assert lines[1] == "  latent 3 x 10 x 12 (VAE 2x4x8), patch 1x2x4 -> 45 video tokens; 2 heads x 8"
+    assert plan.estimate("odd", 8, 4, 1, free=GB)["tokens"] == 1
+    with pytest.raises(ValueError, match=r"Odd needs width >= 8, height >= 4 and frames >= 1 \(its VAE compresses "
+                                         r"8x4 pixels into one latent; smaller has no tokens\), got 7x4x1"):
+        plan.estimate("odd", 7, 4, 1, free=GB)
+    with pytest.raises(ValueError, match="got 8x3x1"):
+        plan.estimate("odd", 8, 3, 1, free=GB)
+    for flag, value, least in (("--width", "7", 8), ("--height", "3", 4)):
+        argv = ["--model", "odd", "--width", "8", "--height", "4", "--frames", "1", "--free-gb", "1"]
+        argv[argv.index(flag) + 1] = value
+        with pytest.raises(SystemExit):
+            plan.main(argv)
+        assert f"error: argument {flag}: Odd needs at least {least} pixels" in capsys.readouterr().err
