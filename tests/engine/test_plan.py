@@ -150,3 +150,284 @@ def test_sizes_are_written_in_the_unit_that_reads_best():
     assert plan._gb(39 * GB) == "39.00 GB" and plan._gb(0.1 * GB) == "0.10 GB" and plan._gb(1500 * GB) == "1,500.00 GB"
     assert plan._gb(0.1 * GB - 1) == "102.4 MB" and plan._gb(MB) == "1.0 MB" and plan._gb(0.5 * MB) == "0.5 MB"
     assert plan._gb(0.1 * MB) == "0.1 MB" and plan._gb(0.1 * MB - 1) == "102.4 KB" and plan._gb(512) == "0.5 KB"
+
+
+def test_model_geometry_is_comfyuis():
+    """Each model's numbers as ComfyUI's model code has them (see ModelSpec.source): attention width = heads x
+    head dim, the FFN's hidden width, the layer count (the time estimate multiplies by it), VAE and patch."""
+    want = {"wan22-5b": ((4, 16, 16), (1, 2, 2), 24, 128, 3072, 14336, 30),
+            "wan-14b": ((4, 8, 8), (1, 2, 2), 40, 128, 5120, 13824, 40),
+            "ltx23-22b": ((8, 32, 32), (1, 1, 1), 32, 128, 4096, 16384, 48)}
+    assert sorted(plan.MODELS) == sorted(want)
+    for key, (vae, patch, heads, dim, width, ffn, layers) in want.items():
+        m = plan.MODELS[key]
+        assert (m.key, m.vae, m.patch, m.heads, m.head_dim, m.width, m.ffn, m.layers) == (
+            key, vae, patch, heads, dim, width, ffn, layers)
+        assert f"{width}" in m.source and f"{ffn}" in m.source and f"{layers} layers" in m.source
+
+
+def test_latent_shape_and_smallest_video():
+    """Latent frames 1 + (F - 1) // t, rows H // s, columns W // s; the smallest video with a token is one VAE
+    pixel block of one frame (below it estimate() refuses, naming the minimum)."""
+    wan = plan.MODELS["wan22-5b"]
+    assert plan.latent_shape(wan, 832, 480, 41) == (11, 30, 52)
+    assert plan.latent_shape(wan, 847, 495, 44) == (11, 30, 52)   # partial VAE blocks and frames are dropped
+    assert plan.latent_shape(wan, 848, 496, 45) == (12, 31, 53)
+    assert plan.min_size(wan) == (16, 16, 1)
+    assert plan.min_size(plan.MODELS["wan-14b"]) == (8, 8, 1)
+    assert plan.min_size(plan.MODELS["ltx23-22b"]) == (32, 32, 1)
+    assert plan.tokens(plan.MODELS["ltx23-22b"], 32, 32, 1) == 1
+    assert plan.tokens(wan, 16, 16, 1) == 1 and plan.tokens(wan, 32, 32, 1) == 1 and plan.tokens(wan, 48, 32, 1) == 2
+    with pytest.raises(ValueError, match=r"LTX-2.3 22B \(video stream\) needs width >= 32, height >= 32 and frames "
+                                         r">= 1 \(its VAE compresses 32x32 pixels into one latent; smaller has no "
+                                         r"tokens\), got 32x31x1"):
+        plan.estimate("ltx23-22b", 32, 31, 1, free=GB)
+    with pytest.raises(ValueError, match="got 32x32x0"):
+        plan.estimate("ltx23-22b", 32, 32, 0, free=GB)
+    with pytest.raises(ValueError, match="got 31x32x1"):
+        plan.estimate("ltx23-22b", 31, 32, 1, free=GB)
+
+
+def test_preset_shapes():
+    """The benchmark/tuning presets: (N, heads, head dim), N from the model's latent rules where a model is named."""
+    assert plan.preset_shapes("wan22-5b-480p") == [(4290, 24, 128)]
+    assert plan.preset_shapes("wan22-5b-720p") == [(28520, 24, 128)]
+    assert plan.preset_shapes("wan-14b-480p") == [(32760, 40, 128)]
+    assert plan.preset_shapes("ltx23-22b-720p") == [(14960, 32, 128)]
+    assert plan.preset_shapes("wan22-5b-4096") == [(4096, 24, 128)]
+    assert plan.preset_shapes("reference") == [(1024, 16, 64), (2048, 16, 64), (4096, 16, 64)]
+    with pytest.raises(ValueError, match=r"unknown preset 'wan'; choose from wan22-5b-480p, wan22-5b-4096, "
+                                         r"wan22-5b-720p, wan-14b-480p, ltx23-22b-720p, reference"):
+        plan.preset_shapes("wan")
+
+
+@pytest.mark.parametrize("dtype,cpu,precision,compute", [
+    ("fp32", False, "auto", "fp32"), ("fp32", False, "fp16", "fp32"), ("fp32", True, "input", "fp32"),
+    ("fp16", False, "auto", "fp16"), ("fp16", True, "auto", "fp32"), ("fp16", True, "input", "fp16"),
+    ("fp16", False, "fp32", "fp32"), ("bf16", False, "input", "bf16"), ("bf16", True, "input", "bf16"),
+    ("bf16", False, "auto", "fp16"), ("bf16", False, "fp16", "fp16"), ("bf16", True, "auto", "fp32"),
+    ("bf16", False, "fp32", "fp32"),
+])
+def test_compute_dtype(dtype, cpu, precision, compute):
+    """The tiles' compute dtype (numerics.choose_numerics): fp32 inputs stay fp32; half inputs compute in fp32
+    on the CPU under auto and always under fp32; bf16 stays bf16 only under input; else fp16."""
+    assert plan.compute_dtype(dtype, cpu, precision) == compute
+
+
+def test_compute_dtype_rejects_unknown_names():
+    with pytest.raises(ValueError, match="unknown dtype 'fp8'; choose from fp16, bf16, fp32"):
+        plan.compute_dtype("fp8", False)
+    with pytest.raises(ValueError, match="unknown precision 'half'; choose from auto, input, fp16, fp32"):
+        plan.compute_dtype("fp16", False, "half")
+    with pytest.raises(ValueError, match="unknown layout 'bhnd'; choose from comfyui, heads"):
+        plan.estimate("wan22-5b", 832, 480, 41, free=GB, layout="bhnd")
+
+
+def test_bytes_per_score_of_each_tier():
+    """chunked: scores + weights; inplace: one tile; online: a score + fp32 weights and cast; fp16 tiles are
+    counted at 4 bytes (the overflow guard may redo a tile in fp32), bf16 at 2."""
+    assert [plan.score_bytes(t, "fp32") for t in plan.TIERS] == [8, 4, 12]
+    assert [plan.score_bytes(t, "fp16") for t in plan.TIERS] == [8, 4, 12]
+    assert [plan.score_bytes(t, "bf16") for t in plan.TIERS] == [4, 2, 10]
+    assert [plan.tier_bytes_per_score(t, 2) for t in plan.TIERS] == [8, 4, 12]
+    assert [plan.tier_bytes_per_score(t, 4) for t in plan.TIERS] == [8, 4, 12]
+    assert [plan.tier_bytes_per_score(t, 8) for t in plan.TIERS] == [16, 8, 16]
+    with pytest.raises(ValueError, match="unknown tier 'flash'"):
+        plan.tier_bytes_per_score("flash", 2)
+    assert plan.pack_floor("inplace", 1000, 2) == 4 * 16 * 1000 and plan.pack_floor("online", 1000, 2) == 12 * 16 * 16
+
+
+@pytest.mark.parametrize("batch,layout,dtype,compute,all_heads,copied", [
+    (1, "comfyui", "fp16", "fp16", True, True),     # ComfyUI's layout is a transposed view: copied
+    (1, "heads", "fp16", "fp16", True, False),      # contiguous heads in the compute dtype: read in place
+    (1, "heads", "fp16", "fp32", True, True),       # half inputs computed in fp32: converted
+    (2, "heads", "fp16", "fp16", False, True),      # a head group of a batch > 1 is a strided slice
+    (2, "heads", "fp16", "fp16", True, False),
+    (1, "heads", "fp16", "fp16", False, False),     # one batch item's head group is contiguous
+])
+def test_kv_copies(batch, layout, dtype, compute, all_heads, copied):
+    """K and V copied once per call (per head group) in the compute dtype exactly when not already contiguous heads
+    of that dtype: 2 x B x H x N x D x the compute dtype's bytes."""
+    want = 2 * batch * 8 * 1000 * 64 * (4 if compute == "fp32" else 2) if copied else 0
+    assert plan.kv_copy_bytes(batch, 8, 1000, 64, dtype, compute, layout, all_heads) == want
+
+
+def test_overflow_guard_bytes():
+    """fp16 tiles read an fp32 copy of K (then Q) for the row-norm bound: 4 x B x H x N x D bytes; other dtypes
+    none. A call's total is the larger of that and its tile."""
+    assert plan.guard_bytes(2, 8, 1000, 64, "fp16") == 4 * 2 * 8 * 1000 * 64
+    assert plan.guard_bytes(2, 8, 1000, 64, "fp32") == 0 and plan.guard_bytes(2, 8, 1000, 64, "bf16") == 0
+    # 3 MB free: inplace takes 2 heads x 64 rows (4 x 2 x 64 x 4,290 = 2.2 MB), the guard's copy of 2 heads of K
+    # is 4 x 2 x 4,290 x 128 = 4.4 MB: the larger, so it is what the total counts
+    t = plan.estimate("wan22-5b", 832, 480, 41, free=3 << 20)["tiers"]["inplace"]
+    assert (t["tile"]["heads"], t["tile"]["rows"], t["tile"]["bytes"]) == (2, 64, 4 * 2 * 64 * 4290)
+    assert t["total"] == t["copies"] + t["group_out"] + 4 * 2 * 4290 * 128
+
+
+def test_estimate_budget_and_dtype_defaults():
+    """The planner's budget is 0.7 of free memory on a GPU, 0.5 on the CPU; the dtype follows dtype_bytes unless
+    given; q, k, v, o of one call are 4 x B x N x width x bytes."""
+    gpu = plan.estimate("wan22-5b", 832, 480, 41, free=10 * GB)
+    assert gpu["budget"] == 7 * GB and gpu["dtype"] == "fp16" and gpu["compute"] == "fp16"
+    cpu = plan.estimate("wan22-5b", 832, 480, 41, free=10 * GB, dtype_bytes=4, batch=3, cpu=True)
+    assert cpu["budget"] == 5 * GB and cpu["dtype"] == "fp32" and cpu["batch"] == 3
+    assert cpu["qkvo"] == 4 * 3 * 4290 * 3072 * 4 and cpu["scores"] == 3 * 24 * 4290 ** 2 * 4
+    assert cpu["math"] == 2 * cpu["scores"] and cpu["latent"] == (11, 30, 52)
+    assert cpu["ffn_full"] == 2 * 3 * 4290 * 14336 * 4
+    assert plan.estimate("wan22-5b", 832, 480, 41, free=GB, dtype="bf16", precision="input")["compute"] == "bf16"
+
+
+def test_sub_quadratic_and_split_thresholds():
+    """ComfyUI's rules at their edges: a query chunk is taken when free / (4 x bh x e x chunk) >= N exactly, and
+    never exceeds N; split takes one slice when 3x the scores fit exactly, 64 slices at most."""
+    n, bh, e = 1000, 24, 2
+    need = 4 * bh * e * 4096 * n
+    assert plan.comfy_subquad(bh, n, e, need)["q_chunk"] == 1000       # min(4096, N)
+    assert plan.comfy_subquad(bh, n, e, need - 1)["q_chunk"] == 1000   # 2048 still >= N
+    assert plan.comfy_subquad(bh, 5000, e, 4 * bh * e * 4096 * 5000)["q_chunk"] == 4096
+    assert plan.comfy_subquad(bh, 5000, e, 4 * bh * e * 4096 * 5000 - 1)["q_chunk"] == 2048
+    assert plan.comfy_subquad(bh, 5000, e, 4 * bh * e * 256 * 5000) == {"q_chunk": 256, "kv_chunk": 5000,
+                                                                         "bytes": 2 * bh * 256 * 5000 * e}
+    assert plan.comfy_subquad(24, 100, 2, 1) == {"q_chunk": 100, "kv_chunk": 10, "bytes": 2 * 24 * 100 * 10 * 2}
+    full = 3 * bh * n * n * e
+    assert plan.comfy_split(bh, n, e, full) == {"steps": 1, "rows": 1000, "bytes": 2 * bh * n * n * e}
+    assert plan.comfy_split(bh, n, e, full - 1)["steps"] == 2 and plan.comfy_split(bh, n, e, full - 1)["rows"] == 500
+    assert plan.comfy_split(bh, 1024, e, 3 * bh * 1024 * 1024 * e // 64)["steps"] == 64
+    assert plan.comfy_split(bh, 1024, e, 3 * bh * 1024 * 1024 * e // 64)["rows"] == 16
+    refused = plan.comfy_split(bh, 1024, e, 3 * bh * 1024 * 1024 * e // 64 - 1)
+    assert refused == {"steps": 128, "rows": None, "bytes": None, "error": "refuses: more than 64 slices needed"}
+
+
+def test_ffn_chunks():
+    """Each chunk takes ceil(N / chunks) tokens; auto (chunks 0) gives each chunk a quarter of free memory, at
+    least 1 chunk, at most one token a chunk; chunks 0 passed straight through reads as 1."""
+    assert plan.ffn_bytes(1, 4291, 10, 2, chunks=2) == 2 * 2146 * 10 * 2
+    assert plan.ffn_bytes(2, 4291, 10, 2, chunks=0) == 2 * 2 * 4291 * 10 * 2
+    full = plan.ffn_bytes(1, 4290, 14336, 2)
+    assert plan.ffn_auto_chunks(1, 4290, 14336, 2, 4 * full) == 1
+    assert plan.ffn_auto_chunks(1, 4290, 14336, 2, 4 * full - 4) == 2
+    assert plan.ffn_auto_chunks(1, 4290, 14336, 2, 0) == 4290
+
+
+def test_pack_tile_online_keys_and_kind():
+    """Online tiles take at most ONLINE_BLOCK_KV keys (1024 on the CPU, 4096 elsewhere), all N when fewer; the
+    GPU's tile targets 2^27 scores, the CPU's 2^19."""
+    assert plan.pack_tile("online", 24, 1, 28520, 2, 32 * GB, cpu=True)["keys"] == 1024
+    assert plan.pack_tile("online", 24, 1, 28520, 2, 32 * GB, cpu=False)["keys"] == 4096
+    assert plan.pack_tile("online", 24, 1, 900, 2, 32 * GB, cpu=False)["keys"] == 900
+    t = plan.pack_tile("chunked", 24, 1, 4096, 4, 32 * GB, cpu=True)
+    assert t["heads"] * t["rows"] * t["keys"] <= 1 << 19 < 2 * t["heads"] * t["rows"] * t["keys"]
+    assert t["bytes"] == 8 * t["heads"] * t["rows"] * 4096
+    t = plan.pack_tile("chunked", 24, 2, 4096, 4, 32 * GB, cpu=False)
+    assert t["bytes"] == 8 * 2 * t["heads"] * t["rows"] * 4096 and t["heads"] == 24
+
+
+@pytest.mark.parametrize("flag,ok,bad", [("--width", "16384", "16385"), ("--height", "16384", "16385"),
+                                         ("--frames", "10000", "10001"), ("--batch", "256", "257"),
+                                         ("--free-gb", "1000000", "1000001"), ("--free-gb", "0.000001", "0.0000009")])
+def test_cli_bounds(flag, ok, bad, capsys):
+    """The command line's ranges: sides up to 16,384 pixels, 10,000 frames, batch 256, 0.000001 to 1,000,000 GB."""
+    base = {"--model": "wan22-5b", "--width": "16", "--height": "16", "--frames": "1", "--free-gb": "8",
+            "--calibration": "/nonexistent/cal.json"}
+    argv = [x for kv in {**base, flag: ok}.items() for x in kv]
+    assert plan.main(argv) == 0
+    capsys.readouterr()
+    argv = [x for kv in {**base, flag: bad}.items() for x in kv]
+    with pytest.raises(SystemExit) as e:
+        plan.main(argv)
+    assert e.value.code == 2 and capsys.readouterr().err.startswith(f"error: argument {flag}")
+
+
+def test_cli_smallest_size_is_accepted(capsys):
+    """Exactly the VAE's block (16 x 16 for Wan 2.2 5B) is one token, accepted; one pixel less is refused."""
+    argv = ["--model", "wan22-5b", "--width", "16", "--height", "16", "--frames", "1", "--free-gb", "1",
+            "--calibration", "/nonexistent/cal.json"]
+    assert plan.main(argv) == 0
+    assert "-> 1 video tokens" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        plan.main(argv[:5] + ["15"] + argv[6:])
+    assert "error: argument --height: Wan 2.2 TI2V 5B needs at least 16 pixels (its VAE compresses 16 pixels into " \
+           "one latent, so fewer give no video tokens), got 15" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("steps,ok", [("1,1", True), ("10000,3", True), ("0,3", False), ("20,10001", False),
+                                      ("20", False), ("20,3,1", False), ("a,b", False)])
+def test_cli_steps(steps, ok, capsys):
+    """--steps: one count per sampling stage of the model (LTX-2.3: two), each from 1 to 10,000."""
+    argv = ["--model", "ltx23-22b", "--width", "32", "--height", "32", "--frames", "1", "--free-gb", "1",
+            "--calibration", "/nonexistent/cal.json", "--steps", steps]
+    if ok:
+        assert plan.main(argv) == 0
+        return
+    with pytest.raises(SystemExit) as e:
+        plan.main(argv)
+    assert e.value.code == 2
+    assert capsys.readouterr().err == (
+        f"error: argument --steps: give 2 comma-separated step count(s) from 1 to 10000 for ltx23-22b "
+        f"(stage 1 (half size), stage 2 (full size)), got {steps!r}\n")
+
+
+def test_time_report_reads_the_calibration_of_the_tiles_dtype(profdir, monkeypatch):
+    """Without --calibration the time section reads this device's calibration for the tiles' compute dtype:
+    --cpu (or a CPU-only machine) the CPU's fp32 one for fp16 inputs under auto; a GPU's fp16 one."""
+    from attention_core import calibration, cli_args
+    est = plan.estimate("wan22-5b", 832, 480, 41, free=8 * GB)
+    cpu_path = calibration.calibration_path("cpu", "fp32")
+    assert f"no calibration of this device at {cpu_path}" in plan.time_report(est, cpu=True)
+    monkeypatch.setattr(cli_args, "default_device", lambda: "cpu")
+    assert f"no calibration of this device at {cpu_path}" in plan.time_report(est)
+    seen = []
+    monkeypatch.setattr(calibration, "calibration_path", lambda dev, dt: seen.append((dev, dt)) or "/x/c.json")
+    plan.time_report(est, device="cuda")
+    plan.time_report(plan.estimate("wan22-5b", 832, 480, 41, free=GB, dtype="bf16", precision="input"), cpu=True)
+    assert seen == [("cuda", "fp16"), ("cpu", "bf16")]
+
+
+def test_head_split_of_a_batch():
+    """Batch 2, 12 MB free on a GPU: chunked takes 2 of the 24 heads (64 rows); the call then holds both batch
+    items' K/V copies of those heads (2 x 2 x 2 x 4,290 x 128 x 2 B) and their own output with fp32 row
+    statistics (2 x 2 x 4,290 x (128 x 2 + 8) B); inplace's 4-head group is outweighed by the fp16 guard's fp32
+    copy of K (4 x 2 x 4 x 4,290 x 128 B)."""
+    est = plan.estimate("wan22-5b", 832, 480, 41, free=12 << 20, batch=2)
+    c = est["tiers"]["chunked"]
+    assert c["tile"] == {"rows": 64, "keys": 4290, "heads": 2, "bytes": 8 * 2 * 2 * 64 * 4290}
+    assert c["copies"] == 2 * 2 * 2 * 4290 * 128 * 2
+    assert c["group_out"] == 2 * 2 * 4290 * (128 * 2 + 8)
+    assert c["total"] == c["copies"] + c["group_out"] + c["tile"]["bytes"]
+    i = est["tiers"]["inplace"]
+    assert i["tile"]["heads"] == 4 and i["total"] == 2 * 2 * 4 * 4290 * 128 * 2 + 2 * 4 * 4290 * 264 + \
+        4 * 2 * 4 * 4290 * 128
+
+
+def test_sub_quadratic_takes_each_listed_chunk():
+    """Each of ComfyUI's query chunks (4096, 2048, 1024, 512, 256) is taken exactly when 4 x bh x e x chunk x N
+    bytes fit."""
+    bh, e, n = 24, 2, 5000
+    for x in plan.COMFY_SUBQUAD_CHUNKS:
+        assert plan.comfy_subquad(bh, n, e, 4 * bh * e * x * n)["q_chunk"] == x
+    assert plan.COMFY_SUBQUAD_CHUNKS == (4096, 2048, 1024, 512, 256)
+    assert plan.comfy_subquad(bh, n, e, 4 * bh * e * 256 * n - 1) == {"q_chunk": 512, "kv_chunk": 70,
+                                                                       "bytes": 2 * bh * 512 * 70 * e}
+
+
+def test_detected_free_memory_on_a_gpu(monkeypatch):
+    """With a GPU, free memory is the first GPU's, named in the report."""
+    import torch
+
+    import attention_core.memory as memory
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda dev=None: "Test Card 48GB")
+    monkeypatch.setattr(memory, "free_memory", lambda dev: 7 * GB if dev.type == "cuda" else None)
+    assert plan.detected_free() == (7 * GB, "GPU Test Card 48GB")
+
+
+def test_cli_help_names_the_tool_and_its_ranges(capsys):
+    """--help: the module docstring's first line as the description, and each flag's range."""
+    with pytest.raises(SystemExit) as e:
+        plan.main(["--help"])
+    assert e.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Will it fit: tokens and per-call memory of a video model's attention" in out  # (argparse wraps it)
+    assert "before running anything." in out
+    assert "free memory in GB, 0.000001 to 1,000,000 (default: detected)" in out
+    assert "pixels, up to 16384" in out and "up to 10000" in out and "up to 256" in out
