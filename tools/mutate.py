@@ -224,6 +224,26 @@ EQUIVALENT += [
       "tune_shape's and layout_check's seeded inputs are noise timed for speed only (the layout check's "
       "exactness figure is printed, not kept, and holds for any inputs)")
      for x in (" 1", " -1")
+] + [("attention_core/plan.py", "steps = 1 if need <= free else 2 ** math.ceil(math.log2(need / free))",
+       "steps = 1 if need < free else 2 ** math.ceil(math.log2(need / free))",
+       "at need == free the else branch gives 2 ** ceil(log2(1.0)) = 1, the same count"),
+      ("attention_core/plan.py",
+       'copied = layout == "comfyui" or compute != dtype or (batch > 1 and not all_heads)',
+       'copied = layout == "comfyui" or compute > dtype or (batch > 1 and not all_heads)',
+       "compute_dtype changes a dtype only fp16 -> fp32, bf16 -> fp32 or bf16 -> fp16, and each compares greater "
+       "as a string (\"fp32\" > \"fp16\" > \"bf16\")"),
+      ("attention_core/plan.py",
+       'note = "" if sp["rows"] != n or sp["steps"] == 1 else f"; N does not divide by {sp[\'steps\']}: no slicing"',
+       'note = "" if sp["rows"] != n or sp["steps"] <= 1 else f"; N does not divide by {sp[\'steps\']}: no slicing"',
+       "the slice count is 1 or a power of two, never below 1"),
+      ("attention_core/plan.py",
+       "return max(1, min(n, math.ceil(ffn_bytes(batch, n, ffn, elem) / max(1, free * AUTO_SHARE))))",
+       "return max( 0, min(n, math.ceil(ffn_bytes(batch, n, ffn, elem) / max(1, free * AUTO_SHARE))))",
+       "min(n, ceil of a positive number) is already at least 1 (n >= 1)"),
+      ("attention_core/plan.py",
+       "return max(1, min(n, math.ceil(ffn_bytes(batch, n, ffn, elem) / max(1, free * AUTO_SHARE))))",
+       "return max(1, min(n, math.ceil(ffn_bytes(batch, n, ffn, elem) / max( 2, free * AUTO_SHARE))))",
+       "the feed-forward bytes are at least 2 N, so a divisor up to 2 still gives >= N chunks, capped at N"),
 ] + [("attention_core/patch.py", "_config = (False, {})", "_config = (True, {})",
        "_refresh sets this default only when nothing asks for the patch, and removes the patch in the same call; "
        "_patched_sdpa returns torch's own result whenever the patch is not installed, before `force` is used (only "
