@@ -46,6 +46,7 @@ CASES = {
     "heads_not_divisible": dict(B=1, H=3, Hkv=3, n=6, D=8, expect={"ulysses": "ValueError"}),
     "ranks_disagree": dict(B=1, H=4, Hkv=4, n=6, D=8, bad="rank1_longer", expect="ValueError"),
     "rank0_malformed": dict(B=1, H=4, Hkv=4, n=6, D=8, bad="rank0_3d", expect="ValueError"),
+    "ranks_reject_differently": dict(B=1, H=4, Hkv=4, n=6, D=8, bad="rank0_3d_rank1_v_fp32", expect="ValueError"),
     "mask_grad_disagree": dict(B=1, H=4, Hkv=4, n=4, D=8, mask="float_key_padding", bad="rank1_mask_grad",
                                expect="ValueError"),  # Ulysses would move the mask on one rank only: a hang
     "dropout": dict(B=1, H=4, Hkv=4, n=6, D=8, dropout=0.3, expect={"ring": "NotImplementedError"}),
@@ -183,8 +184,10 @@ def run_case(name, spec, algo, rank, P):
     args = list(mine)
     if spec.get("bad") == "rank1_longer" and rank == 1:
         args = [torch.cat([t, t[..., :1, :]], dim=-2) for t in mine]
-    if spec.get("bad") == "rank0_3d" and rank == 0:
+    if spec.get("bad", "").startswith("rank0_3d") and rank == 0:
         args[0] = mine[0][0]
+    if spec.get("bad") == "rank0_3d_rank1_v_fp32" and rank == 1:
+        args[2] = mine[2].float()
     if spec.get("bad") == "rank1_mask_grad" and rank == 1:
         my_mask = my_mask.clone().requires_grad_(True)
     if want_lse:
@@ -774,7 +777,10 @@ def test_a_rank_that_never_calls_gives_an_error_not_a_hang(groups, world):
     for rank in [0] + list(range(2, world)):
         res = runs[rank][("absent_rank", "ulysses")]
         assert res["outcome"] == "RuntimeError", res
-        assert "not every rank of the process group joined" in res["message"], res["message"]
+        assert res["message"].startswith(
+            f"ulysses_attention (rank {rank} of {world}): not every rank of the process group joined the call within "
+            f"its timeout (each rank must call ulysses_attention the same number of times, in the same order): "
+        ), res["message"]
         assert res["seconds"] < ABSENT_TIMEOUT_S + 20, res
 
 
@@ -798,6 +804,7 @@ def test_an_error_leaves_the_group_usable(groups, world, algo, kind):
     valid call on the same process group gives the right answer on every rank, well within its timeout."""
     runs = groups(world)
     want = RECOVERY[(algo, kind)]
+    where_failed = "backward" if kind.endswith("backward") else "forward"
     messages = set()
     for rank in range(world):
         res = runs[rank][("recover", algo, kind)]
@@ -808,8 +815,13 @@ def test_an_error_leaves_the_group_usable(groups, world, algo, kind):
         assert err["seconds"] < RECOVER_TIMEOUT_S / 2, f"{where}: the error took {err['seconds']:.1f} s"
         if isinstance(want, str):
             messages.add(re.sub(r"\(rank \d+ of \d+\)", "(rank r)", err["message"]))
-        elif rank != 1:
-            assert "rank(s) [1]" in err["message"] and "injected" in err["message"], err["message"]
+        elif rank != 1:  # the others name rank 1 and its exception
+            assert err["message"] == (
+                f"{algo}_attention (rank {rank} of {world}): rank(s) [1] failed during the call, so every rank stops "
+                f"here (the process group stays usable). rank 1: OutOfMemoryError: injected: out of memory on rank "
+                f"1 in the {where_failed}"), err["message"]
+        else:
+            assert err["message"] == f"injected: out of memory on rank 1 in the {where_failed}", err["message"]
         after = res["after"]
         assert after["outcome"] == "ok", f"{where}: the next call on the group failed: {after}"
         assert after["err"] < 1e-10 and after["seconds"] < RECOVER_TIMEOUT_S / 2, f"{where}: {after}"
@@ -825,17 +837,42 @@ def test_an_error_leaves_the_group_usable(groups, world, algo, kind):
         assert "block_size" in messages.pop()
 
 
-def test_messages_name_the_problem(groups):
-    runs = groups(2)
-    msg = runs[0][("heads_not_divisible", "ulysses")]["message"]
-    assert "3 query heads" in msg and "2 ranks" in msg, msg
-    msg = runs[0][("ranks_disagree", "ring")]["message"]
-    assert "disagree" in msg and "rank 1" in msg, msg
-    assert "rank(s) [0]" in runs[1][("rank0_malformed", "ulysses")]["message"]
-    assert "4-D" in runs[0][("rank0_malformed", "ulysses")]["message"]
-    assert "ulysses_attention" in runs[0][("dropout", "ring")]["message"]
-    assert "attn_mask requires grad 0.0" in runs[0][("mask_grad_disagree", "ulysses")]["message"]
-    assert "attn_mask requires grad 1.0" in runs[1][("mask_grad_disagree", "ring")]["message"]
+def _described(q, k, v, mask, requires_grad):
+    return (f"q {q} float64, k {k} float64, v {v} float64, mask {mask}, is_causal 0.0, scale (-1: default) -1.0, "
+            f"enable_gqa 0.0, dropout_p 0.0, attn_mask requires grad {requires_grad}")
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_messages_name_the_problem(groups, world):
+    """docs/multi-gpu.md: every rank raises the same ValueError naming the rank(s) and the problem (with its own
+    rank in the prefix): each rank's shapes, dtypes and flags where they disagree, each rejecting rank's reason
+    (said once when they agree), the head count Ulysses cannot split."""
+    runs = groups(world)
+    six, seven, four = "(1, 4, 6, 8)", "(1, 4, 7, 8)", "(1, 4, 4, 8)"
+    for rank in range(world):
+        def msg(case, algo):
+            return runs[rank][(case, algo)]["message"]
+        assert msg("heads_not_divisible", "ulysses") == (
+            f"ulysses_attention: 3 query heads do not split over {world} ranks; Ulysses needs the head count "
+            f"divisible by the number of ranks (use ring_attention, or a group of a size dividing 3)")
+        for algo in ALGOS:
+            fn = f"{algo}_attention (rank {rank} of {world}): "
+            disagree = (fn + "the ranks disagree on their inputs; every rank must pass the same shapes, dtype and "
+                        "flags (each holding N/P tokens). rank 0: ")
+            assert msg("ranks_disagree", algo) == disagree + _described(six, six, six, "None", 0.0) + (
+                "; rank 1: " + _described(seven, seven, seven, "None", 0.0))
+            assert msg("mask_grad_disagree", algo) == disagree + _described(
+                four, four, four, f"(1, 1, 1, {4 * world}) float64", 0.0) + "; rank 1: " + _described(
+                four, four, four, f"(1, 1, 1, {4 * world}) float64", 1.0)  # ranks 2, 3 agree with rank 0
+            rejected = fn + "rank(s) {} rejected the call, so every rank stops here before anything is sent; "
+            assert msg("rank0_malformed", algo) == rejected.format([0]) + (
+                "rank 0: q must be [B, H, N/P, D] (4-D), got shape (4, 6, 8)")
+            assert msg("ranks_reject_differently", algo) == rejected.format([0, 1]) + (
+                "rank 0: q must be [B, H, N/P, D] (4-D), got shape (4, 6, 8); rank 1: q, k, v must share one "
+                "floating dtype, got torch.float64, torch.float64, torch.float32")
+        assert msg("dropout", "ring") == (
+            "ring_attention: dropout_p=0.3 is not supported by the ring (its blocks would need one dropout pattern "
+            "across ranks); use ulysses_attention for dropout.")
 
 
 if __name__ == "__main__" and len(sys.argv) == 6 and sys.argv[1] == "--worker":
