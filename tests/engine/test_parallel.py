@@ -241,6 +241,41 @@ def yunchang_case(rank, world):
         return {"outcome": type(e).__name__, "message": str(e), "trace": traceback.format_exc()}
 
 
+def traffic_case(rank, world):
+    """Bytes this rank hands to torch.distributed.isend in ring_attention's forward and backward (GQA, float64),
+    without and with causal (zigzag), and the (query, key) pairs of the blocks its forward computes."""
+    import torch.distributed as dist
+    from attention_core import parallel
+    sent, real, pairs, real_block = [], dist.isend, [], parallel.block_forward
+
+    def counting(tensor, *args, **kwargs):
+        sent.append(tensor.numel() * tensor.element_size())
+        return real(tensor, *args, **kwargs)
+
+    def block(q, k, *args, **kwargs):
+        pairs.append(q.shape[2] * k.shape[2])
+        return real_block(q, k, *args, **kwargs)
+
+    spec = dict(B=1, H=4, Hkv=2, n=6, D=8, Dv=4)
+    q, k, v, dout, _ = build(spec, world, seed=13)
+    n, res = spec["n"], {}
+    dist.isend, parallel.block_forward = counting, block
+    try:
+        for causal in (False, True):
+            mine = [slice_rows(t, rank, n).clone().requires_grad_(True) for t in (q, k, v)]
+            sent.clear()
+            pairs.clear()
+            out = parallel.ring_attention(*mine, is_causal=causal, enable_gqa=True)
+            forward = sum(sent)
+            sent.clear()
+            out.backward(slice_rows(dout, rank, n))
+            res[causal] = (forward, sum(sent))
+            res["work", causal] = sum(pairs)
+    finally:
+        dist.isend, parallel.block_forward = real, real_block
+    return res
+
+
 class _FailInBackward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
@@ -338,6 +373,8 @@ def worker(rank, world, init, out_dir):
                 results[(name, algo)] = {"outcome": type(e).__name__, "message": str(e),
                                          "trace": traceback.format_exc(), "seconds": time.perf_counter() - t0}
     results[("yunchang", "ulysses")] = yunchang_case(rank, world)
+    if not only:
+        results[("traffic", "ring")] = traffic_case(rank, world)
     if not only or "recover" in only:
         for algo, kind in RECOVERY:
             results[("recover", algo, kind)] = recovery_case(algo, kind, rank, world)
@@ -683,6 +720,19 @@ def test_one_rank_names_the_mask_dim_that_does_not_broadcast(one_rank, algo):
         assert fn(q, q, q, attn_mask=torch.ones(shape, dtype=torch.bool)).shape == q.shape, shape
 
 
+def test_with_gloo_the_small_exchanges_go_through_the_cpu(one_rank):
+    """gloo carries CPU tensors: the agreement and the error exchange use the CPU whatever device the inputs are on
+    (here the meta device, which has no data to send: the call still agrees, rejects or runs)."""
+    from attention_core.parallel import _comm_device, ring_attention, ulysses_attention
+    q = torch.randn(1, 4, 6, 8, device="meta")
+    assert _comm_device(None, q) == torch.device("cpu")
+    for fn in (ulysses_attention, ring_attention):
+        assert fn(q, q, q).shape == (1, 4, 6, 8)
+        kind, msg = _raised(fn, q, q, q, tier="fastest")
+        assert kind == "ValueError" and msg.endswith("rank 0: tier must be one of ('auto', 'chunked', 'inplace', "
+                                                     "'online'), got 'fastest'"), msg
+
+
 def test_one_rank_shares_at_most_480_bytes_of_its_message(one_rank):
     """The error text every rank receives is cut at 480 bytes (docs/multi-gpu.md: one all-gather of 480 bytes)."""
     from attention_core.parallel import ulysses_attention
@@ -782,6 +832,30 @@ def test_a_rank_that_never_calls_gives_an_error_not_a_hang(groups, world):
             f"its timeout (each rank must call ulysses_attention the same number of times, in the same order): "
         ), res["message"]
         assert res["seconds"] < ABSENT_TIMEOUT_S + 20, res
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_the_ring_sends_each_kv_block_once_round(groups, world):
+    """docs/multi-gpu.md: each rank sends its K/V block P-1 times (its kv heads only under GQA, not repeated);
+    the backward sends K/V P-1 times and the dK/dV accumulators P times (one more hop home). Causal is the same."""
+    runs = groups(world)
+    kv = 1 * 2 * 6 * (8 + 4) * 8  # B x Hkv x n x (D + Dv) float64 values of one rank's K and V
+    for rank in range(world):
+        for causal in (False, True):
+            assert runs[rank][("traffic", "ring")][causal] == ((world - 1) * kv, (world - 1) * kv + world * kv), (
+                rank, causal)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_the_causal_ring_gives_every_rank_the_same_work(groups, world):
+    """docs/multi-gpu.md: causal attention is load-balanced (zigzag): every rank's forward computes 2P + 1 blocks
+    of (n/2)^2 (query, key) pairs (its diagonal blocks masked inside), not rank r's 2r + 1 halves; without causal
+    each rank computes all P blocks of n^2."""
+    runs = groups(world)
+    n = 6
+    for rank in range(world):
+        assert runs[rank][("traffic", "ring")]["work", True] == (2 * world + 1) * (n // 2) ** 2, rank
+        assert runs[rank][("traffic", "ring")]["work", False] == world * n * n, rank
 
 
 @pytest.mark.parametrize("world", WORLDS)
