@@ -256,7 +256,7 @@ def traffic_case(rank, world):
         pairs.append(q.shape[2] * k.shape[2])
         return real_block(q, k, *args, **kwargs)
 
-    spec = dict(B=1, H=4, Hkv=2, n=6, D=8, Dv=4)
+    spec = dict(B=1, H=4, Hkv=2, n=4, D=8, Dv=4)  # n = 4: even, so the causal ring goes zigzag
     q, k, v, dout, _ = build(spec, world, seed=13)
     n, res = spec["n"], {}
     dist.isend, parallel.block_forward = counting, block
@@ -273,6 +273,33 @@ def traffic_case(rank, world):
             res["work", causal] = sum(pairs)
     finally:
         dist.isend, parallel.block_forward = real, real_block
+    return res
+
+
+def subgroup_case(rank, world):
+    """Two sequence-parallel groups side by side in the world, {0, 2} and {1, 3} (as xDiT's sp groups within a
+    larger world): each runs its own problem; the ring addresses its neighbours by their global ranks."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from attention_core import parallel
+    groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    group, r = groups[rank % 2], rank // 2
+    spec = dict(B=1, H=4, Hkv=4, n=4, D=8)
+    q, k, v, dout, _ = build(spec, 2, seed=20 + rank % 2)
+    n, res = spec["n"], {}
+    for algo in ALGOS:
+        for causal in (False, True):
+            try:
+                mine = [slice_rows(t, r, n).clone().requires_grad_(True) for t in (q, k, v)]
+                out = getattr(parallel, f"{algo}_attention")(*mine, is_causal=causal, group=group)
+                out.backward(slice_rows(dout, r, n))
+                leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+                ref = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+                ref.backward(dout)
+                res[algo, causal] = max([(out - slice_rows(ref, r, n)).abs().max().item()] + [
+                    (t.grad - slice_rows(l.grad, r, n)).abs().max().item() for t, l in zip(mine, leaves)])
+            except Exception as e:  # noqa: BLE001
+                res[algo, causal] = f"{type(e).__name__}: {e}"
     return res
 
 
@@ -375,6 +402,8 @@ def worker(rank, world, init, out_dir):
     results[("yunchang", "ulysses")] = yunchang_case(rank, world)
     if not only:
         results[("traffic", "ring")] = traffic_case(rank, world)
+        if world == 4:
+            results[("subgroups", "both")] = subgroup_case(rank, world)
     if not only or "recover" in only:
         for algo, kind in RECOVERY:
             results[("recover", algo, kind)] = recovery_case(algo, kind, rank, world)
@@ -839,7 +868,7 @@ def test_the_ring_sends_each_kv_block_once_round(groups, world):
     """docs/multi-gpu.md: each rank sends its K/V block P-1 times (its kv heads only under GQA, not repeated);
     the backward sends K/V P-1 times and the dK/dV accumulators P times (one more hop home). Causal is the same."""
     runs = groups(world)
-    kv = 1 * 2 * 6 * (8 + 4) * 8  # B x Hkv x n x (D + Dv) float64 values of one rank's K and V
+    kv = 1 * 2 * 4 * (8 + 4) * 8  # B x Hkv x n x (D + Dv) float64 values of one rank's K and V
     for rank in range(world):
         for causal in (False, True):
             assert runs[rank][("traffic", "ring")][causal] == ((world - 1) * kv, (world - 1) * kv + world * kv), (
@@ -852,10 +881,21 @@ def test_the_causal_ring_gives_every_rank_the_same_work(groups, world):
     of (n/2)^2 (query, key) pairs (its diagonal blocks masked inside), not rank r's 2r + 1 halves; without causal
     each rank computes all P blocks of n^2."""
     runs = groups(world)
-    n = 6
+    n = 4
     for rank in range(world):
         assert runs[rank][("traffic", "ring")]["work", True] == (2 * world + 1) * (n // 2) ** 2, rank
         assert runs[rank][("traffic", "ring")]["work", False] == world * n * n, rank
+
+
+def test_two_sequence_parallel_groups_in_one_world(groups):
+    """The group may be a subgroup of the world (xDiT's sequence-parallel groups): with {0, 2} and {1, 3} of 4
+    ranks, both algorithms are exact in each group, forward and backward, causal or not."""
+    runs = groups(4)
+    for rank in range(4):
+        res = runs[rank][("subgroups", "both")]
+        assert set(res) == {(a, c) for a in ALGOS for c in (False, True)}
+        for key, err in res.items():
+            assert isinstance(err, float) and err < 1e-12, (rank, key, err)
 
 
 @pytest.mark.parametrize("world", WORLDS)
