@@ -253,3 +253,23 @@ def test_the_log_line_gives_each_devices_heads_and_megabytes(caplog):
     assert caplog.records[0].getMessage() == (
         "attention on 3 devices, (1, 3, 2048, 64): cpu: query heads 0-0 (1), 3.0 MB in; "
         "cpu: query heads 1-1 (1), 3.0 MB in; cpu: query heads 2-2 (1), 3.0 MB in")
+
+
+def test_the_log_line_gives_each_devices_peak_in_mb(caplog, monkeypatch):
+    """On CUDA each device's peak memory joins the log line, in whole MB. CPU devices measure none, so the measured
+    peak is stood in for here (2.5 GiB and 700 MiB), the rest of the call real."""
+    real = multidevice._run_group
+    peaks = iter([2560 * 2**20, 700 * 2**20 + 2**18])
+
+    def run_group(*args):
+        real(*args)
+        results, i = args[-2], args[-1]
+        results[i] = (results[i][0], next(peaks), results[i][2])
+
+    monkeypatch.setattr(multidevice, "_run_group", run_group)
+    q = torch.randn(1, 2, 512, 64)
+    with caplog.at_level(logging.INFO, logger="attention_core.multidevice"):
+        on_devices(q, q, q, devices=["cpu", "cpu"], log_level=logging.INFO)
+    assert caplog.records[0].getMessage() == (
+        "attention on 2 devices, (1, 2, 512, 64): cpu: query heads 0-0 (1), 0.4 MB in, peak 2560 MB; "
+        "cpu: query heads 1-1 (1), 0.4 MB in, peak 700 MB")
