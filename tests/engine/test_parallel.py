@@ -59,6 +59,8 @@ CASES = {
     "lse_causal": dict(B=1, H=4, Hkv=2, n=6, D=8, causal=True, gqa=True, lse=True),
     "lse_causal_odd": dict(B=1, H=4, Hkv=4, n=5, D=8, causal=True, lse=True),
     "lse_bool_mask": dict(B=2, H=4, Hkv=4, n=4, D=8, mask="key_padding", scale=0.4, lse=True),
+    "lse_no_grad": dict(B=1, H=4, Hkv=4, n=6, D=8, causal=True, lse=True, no_grad=True),  # out and lse only
+    "mask_heads": dict(B=2, H=4, Hkv=2, n=4, D=8, gqa=True, mask="float_heads"),  # [1, H, 1, N], no grad
 }
 
 
@@ -197,8 +199,18 @@ def run_case(name, spec, algo, rank, P):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = fn(*args, attn_mask=my_mask, **kw)
         return {"seconds": time.perf_counter() - t0, "dtype": str(out.dtype), "finite": True}
-    out = fn(*args, attn_mask=my_mask, **kw)
+    if spec.get("no_grad"):
+        with torch.no_grad():
+            out = fn(*args, attn_mask=my_mask, **kw)
+    else:
+        out = fn(*args, attn_mask=my_mask, **kw)
     lse = None
+    if spec.get("no_grad"):
+        out, lse = out
+        return {"seconds": time.perf_counter() - t0, "shape": tuple(out.shape), "finite": True,
+                "what": ["out", "lse"], "scale": [1.0, 1.0], "torch_err": None, "no_grad": not out.requires_grad,
+                "err": [(out - slice_rows(ref, rank, n)).abs().max().item(),
+                        (lse - ref_lse.detach()[..., rank * n:(rank + 1) * n]).abs().max().item()]}
     if want_lse:
         out, lse = out
         torch.autograd.backward([out, lse], [slice_rows(dout, rank, n).to(dtype), dlse[..., rank * n:(rank + 1) * n]])
@@ -827,7 +839,11 @@ def test_every_rank(groups, world, algo, case):
             for what, e, te, s in zip(("out", "dq", "dk", "dv"), res["err"], res["torch_err"], res["scale"]):
                 assert e <= 8 * te + 1e-6 * s, f"{where} {what}: error {e:.3g} vs torch fp32 {te:.3g}"
         else:
-            assert len(res["err"]) == len(res["what"]) == (4 + bool(spec.get("mask_grad")) + bool(spec.get("lse")))
+            if spec.get("no_grad"):
+                assert res["what"] == ["out", "lse"] and res["no_grad"], where
+            else:
+                n_what = 4 + bool(spec.get("mask_grad")) + bool(spec.get("lse"))
+                assert len(res["err"]) == len(res["what"]) == n_what, where
             for what, e, s in zip(res["what"], res["err"], res["scale"]):
                 assert e <= 1e-10 * max(1.0, s), f"{where} {what}: max error {e:.3g} (scale {s:.3g})"
 
