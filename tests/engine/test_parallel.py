@@ -678,7 +678,8 @@ def _raised(fn, *args, **kwargs):
     return type(e.value).__name__, str(e.value)
 
 
-REJECTED = "{fn} (rank 0 of 1): rank(s) [0] rejected the call, so every rank stops here before anything is sent; rank 0: "
+REJECTED = ("{fn} (rank 0 of 1): rank(s) [0] rejected the call, so every rank stops here before anything is sent; "
+            "rank 0: ")
 
 
 @pytest.mark.parametrize("algo", ALGOS)
