@@ -135,3 +135,141 @@ def test_return_lse_through_the_split(case):
     assert (out - ref).abs().max() < 1e-12 and (lse - ref_lse).abs().max() < 1e-12
     for g, r in zip(grads, ref_grads):
         assert (g - r).abs().max() < 1e-12
+
+
+def test_split_gives_the_remainder_to_the_first_devices_and_skips_idle_ones():
+    """docs/multi-gpu.md: heads are cut into contiguous kv-head groups, as even as possible, the first devices
+    taking the remainder; a device gets nothing when there are fewer kv heads than devices."""
+    def spans(H, Hkv, n):
+        return [(str(g.device), g.kv_heads.start, g.kv_heads.stop, g.q_heads.start, g.q_heads.stop)
+                for g in plan_head_split(H, Hkv, [f"cuda:{i}" for i in range(n)])]
+    assert spans(24, 24, 4) == [("cuda:0", 0, 6, 0, 6), ("cuda:1", 6, 12, 6, 12), ("cuda:2", 12, 18, 12, 18),
+                                ("cuda:3", 18, 24, 18, 24)]
+    assert spans(7, 7, 3) == [("cuda:0", 0, 3, 0, 3), ("cuda:1", 3, 5, 3, 5), ("cuda:2", 5, 7, 5, 7)]
+    assert spans(12, 3, 2) == [("cuda:0", 0, 2, 0, 8), ("cuda:1", 2, 3, 8, 12)]  # GQA: 4 query heads a kv head
+    assert spans(4, 1, 3) == [("cuda:0", 0, 1, 0, 4)]  # MQA: one kv head, one device
+    assert spans(2, 2, 3) == [("cuda:0", 0, 1, 0, 1), ("cuda:1", 1, 2, 1, 2)]
+    assert [g.describe() for g in plan_head_split(12, 3, ["cuda:0", "cuda:1"])] == [
+        "cuda:0: query heads 0-7 (8)", "cuda:1: query heads 8-11 (4)"]
+
+
+@pytest.mark.parametrize("H,Hkv", [(6, 4), (4, 0)])
+def test_split_rejects_heads_that_do_not_group(H, Hkv):
+    with pytest.raises(ValueError) as e:
+        plan_head_split(H, Hkv, CPU3)
+    assert str(e.value) == (f"scaled_dot_product_attention_on_devices: {H} query heads do not group over {Hkv} "
+                            f"key/value heads")
+
+
+def test_bad_inputs_raise_before_any_device_work():
+    q = torch.randn(1, 4, 5, 8)
+    with pytest.raises(ValueError) as e:
+        on_devices(q[0, 0], q[0, 0], q[0, 0], devices=CPU3)
+    assert str(e.value) == ("scaled_dot_product_attention_on_devices: query must be a tensor [..., H, L, E]; got "
+                            "torch.Size([5, 8])")
+    with pytest.raises(ValueError, match=r"query must be a tensor \[\.\.\., H, L, E\]; got list"):
+        on_devices([1.0], q, q, devices=CPU3)
+    with pytest.raises(ValueError) as e:
+        on_devices(q, q[:, :2], q[:, :2], devices=CPU3)
+    assert str(e.value) == ("scaled_dot_product_attention_on_devices: q has 4 heads, k/v 2; pass enable_gqa=True "
+                            "for grouped-query attention")
+    with pytest.raises(ValueError, match="devices is empty; list at least one, e.g. \\['cuda:0', 'cuda:1'\\]"):
+        on_devices(q, q, q, devices=[])
+
+
+def test_three_dim_inputs_and_a_per_head_three_dim_mask_split_by_head():
+    """[H, L, E] inputs (no batch) with a float mask [H, L, S]: each device gets its heads' mask rows, so the
+    result is torch's (a 3-D mask's head dim is cut like a 4-D one's)."""
+    torch.manual_seed(3)
+    q = torch.randn(4, 9, 8, dtype=torch.float64)
+    k, v = torch.randn(4, 11, 8, dtype=torch.float64), torch.randn(4, 11, 8, dtype=torch.float64)
+    mask = torch.randn(4, 9, 11, dtype=torch.float64)
+    out = on_devices(q, k, v, mask, devices=["cpu", "cpu"])
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, mask)
+    assert out.shape == ref.shape and (out - ref).abs().max() < 1e-12
+    # two heads on two devices with a [2, L, S] mask: each device's single head gets its own mask
+    out = on_devices(q[:2], k[:2], v[:2], mask[:2], devices=["cpu", "cpu"])
+    ref = torch.nn.functional.scaled_dot_product_attention(q[:2], k[:2], v[:2], mask[:2])
+    assert (out - ref).abs().max() < 1e-12
+
+
+def test_one_head_mask_broadcasts_to_every_device():
+    """A mask with one head ([B, 1, L, S]) applies to every head: each device gets all of it."""
+    torch.manual_seed(4)
+    q, k, v = (torch.randn(2, 4, 9, 8, dtype=torch.float64) for _ in range(3))
+    mask = torch.randn(2, 1, 9, 9, dtype=torch.float64)
+    out = on_devices(q, k, v, mask, devices=CPU3)
+    assert (out - torch.nn.functional.scaled_dot_product_attention(q, k, v, mask)).abs().max() < 1e-12
+
+
+def test_a_device_error_is_raised_in_the_caller():
+    """An engine error on a device (here an unknown tier) reaches the caller, not only the device's thread."""
+    q = torch.randn(1, 4, 6, 8)
+    with pytest.raises(ValueError, match="tier must be one of .*, got 'fastest'"):
+        on_devices(q, q, q, devices=CPU3, tier="fastest")
+
+
+def test_one_group_on_the_query_device_runs_in_the_caller():
+    """One device that is q's own: the engine runs directly (no worker thread), the split logs nothing."""
+    seen = []
+    real = multidevice.scaled_dot_product_attention
+
+    def spy(*a, **kw):
+        seen.append(threading.get_ident())
+        return real(*a, **kw)
+
+    q, k, v = (torch.randn(1, 4, 6, 8) for _ in range(3))
+    multidevice.scaled_dot_product_attention = spy
+    try:
+        out = on_devices(q, k, v, devices=["cpu"])
+        assert seen == [threading.get_ident()]
+        out2 = on_devices(q, k, v, devices=["cpu", "cpu"])
+        assert len(seen) == 3 and threading.get_ident() not in seen[1:]
+    finally:
+        multidevice.scaled_dot_product_attention = real
+    assert torch.equal(out, out2)
+
+
+def test_the_log_line_gives_each_devices_heads_and_megabytes(caplog):
+    """The per-call log line (docs/multi-gpu.md: the split and the MB copied to each device) at log_level, and
+    nothing when that level is off (CPU devices have no peak memory to report)."""
+    q = torch.randn(1, 4, 512, 64)
+    k = torch.randn(1, 2, 512, 64)
+    v = torch.randn(1, 2, 512, 32)
+    with caplog.at_level(logging.INFO, logger="attention_core.multidevice"):
+        on_devices(q, k, v, enable_gqa=True, devices=["cpu", "cpu"])  # log_level DEBUG: below INFO, not logged
+        assert caplog.records == []
+        on_devices(q, k, v, enable_gqa=True, devices=["cpu", "cpu"], log_level=logging.INFO)
+    assert [r.levelno for r in caplog.records] == [logging.INFO]
+    # each device: q 2 heads x 512 x 64 x 4 B = 256 KiB, k 1 head 128 KiB, v 1 head x 32 = 64 KiB: 0.4375 MB
+    assert caplog.records[0].getMessage() == (
+        "attention on 2 devices, (1, 4, 512, 64): cpu: query heads 0-1 (2), 0.4 MB in; "
+        "cpu: query heads 2-3 (2), 0.4 MB in")
+    caplog.clear()
+    q = torch.randn(1, 3, 2048, 64, dtype=torch.float64)
+    with caplog.at_level(logging.WARNING, logger="attention_core.multidevice"):
+        on_devices(q, q, q, devices=CPU3, log_level=logging.WARNING)
+    # 3 tensors x 1 head x 2048 x 64 x 8 B = 3 MB a device
+    assert caplog.records[0].getMessage() == (
+        "attention on 3 devices, (1, 3, 2048, 64): cpu: query heads 0-0 (1), 3.0 MB in; "
+        "cpu: query heads 1-1 (1), 3.0 MB in; cpu: query heads 2-2 (1), 3.0 MB in")
+
+
+def test_the_log_line_gives_each_devices_peak_in_mb(caplog, monkeypatch):
+    """On CUDA each device's peak memory joins the log line, in whole MB. CPU devices measure none, so the measured
+    peak is stood in for here (2.5 GiB and 700 MiB), the rest of the call real."""
+    real = multidevice._run_group
+    peaks = iter([2560 * 2**20, 700 * 2**20 + 2**18])
+
+    def run_group(*args):
+        real(*args)
+        results, i = args[-2], args[-1]
+        results[i] = (results[i][0], next(peaks), results[i][2])
+
+    monkeypatch.setattr(multidevice, "_run_group", run_group)
+    q = torch.randn(1, 2, 512, 64)
+    with caplog.at_level(logging.INFO, logger="attention_core.multidevice"):
+        on_devices(q, q, q, devices=["cpu", "cpu"], log_level=logging.INFO)
+    assert caplog.records[0].getMessage() == (
+        "attention on 2 devices, (1, 2, 512, 64): cpu: query heads 0-0 (1), 0.4 MB in, peak 2560 MB; "
+        "cpu: query heads 1-1 (1), 0.4 MB in, peak 700 MB")

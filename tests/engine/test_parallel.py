@@ -46,6 +46,7 @@ CASES = {
     "heads_not_divisible": dict(B=1, H=3, Hkv=3, n=6, D=8, expect={"ulysses": "ValueError"}),
     "ranks_disagree": dict(B=1, H=4, Hkv=4, n=6, D=8, bad="rank1_longer", expect="ValueError"),
     "rank0_malformed": dict(B=1, H=4, Hkv=4, n=6, D=8, bad="rank0_3d", expect="ValueError"),
+    "ranks_reject_differently": dict(B=1, H=4, Hkv=4, n=6, D=8, bad="rank0_3d_rank1_v_fp32", expect="ValueError"),
     "mask_grad_disagree": dict(B=1, H=4, Hkv=4, n=4, D=8, mask="float_key_padding", bad="rank1_mask_grad",
                                expect="ValueError"),  # Ulysses would move the mask on one rank only: a hang
     "dropout": dict(B=1, H=4, Hkv=4, n=6, D=8, dropout=0.3, expect={"ring": "NotImplementedError"}),
@@ -58,6 +59,8 @@ CASES = {
     "lse_causal": dict(B=1, H=4, Hkv=2, n=6, D=8, causal=True, gqa=True, lse=True),
     "lse_causal_odd": dict(B=1, H=4, Hkv=4, n=5, D=8, causal=True, lse=True),
     "lse_bool_mask": dict(B=2, H=4, Hkv=4, n=4, D=8, mask="key_padding", scale=0.4, lse=True),
+    "lse_no_grad": dict(B=1, H=4, Hkv=4, n=6, D=8, causal=True, lse=True, no_grad=True),  # out and lse only
+    "mask_heads": dict(B=2, H=4, Hkv=2, n=4, D=8, gqa=True, mask="float_heads"),  # [1, H, 1, N], no grad
 }
 
 
@@ -183,8 +186,10 @@ def run_case(name, spec, algo, rank, P):
     args = list(mine)
     if spec.get("bad") == "rank1_longer" and rank == 1:
         args = [torch.cat([t, t[..., :1, :]], dim=-2) for t in mine]
-    if spec.get("bad") == "rank0_3d" and rank == 0:
+    if spec.get("bad", "").startswith("rank0_3d") and rank == 0:
         args[0] = mine[0][0]
+    if spec.get("bad") == "rank0_3d_rank1_v_fp32" and rank == 1:
+        args[2] = mine[2].float()
     if spec.get("bad") == "rank1_mask_grad" and rank == 1:
         my_mask = my_mask.clone().requires_grad_(True)
     if want_lse:
@@ -194,8 +199,18 @@ def run_case(name, spec, algo, rank, P):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = fn(*args, attn_mask=my_mask, **kw)
         return {"seconds": time.perf_counter() - t0, "dtype": str(out.dtype), "finite": True}
-    out = fn(*args, attn_mask=my_mask, **kw)
+    if spec.get("no_grad"):
+        with torch.no_grad():
+            out = fn(*args, attn_mask=my_mask, **kw)
+    else:
+        out = fn(*args, attn_mask=my_mask, **kw)
     lse = None
+    if spec.get("no_grad"):
+        out, lse = out
+        return {"seconds": time.perf_counter() - t0, "shape": tuple(out.shape), "finite": True,
+                "what": ["out", "lse"], "scale": [1.0, 1.0], "torch_err": None, "no_grad": not out.requires_grad,
+                "err": [(out - slice_rows(ref, rank, n)).abs().max().item(),
+                        (lse - ref_lse.detach()[..., rank * n:(rank + 1) * n]).abs().max().item()]}
     if want_lse:
         out, lse = out
         torch.autograd.backward([out, lse], [slice_rows(dout, rank, n).to(dtype), dlse[..., rank * n:(rank + 1) * n]])
@@ -236,6 +251,68 @@ def yunchang_case(rank, world):
         return {"outcome": "ok", "err": (out - slice_rows(ref, rank, n)).abs().max().item()}
     except Exception as e:  # noqa: BLE001
         return {"outcome": type(e).__name__, "message": str(e), "trace": traceback.format_exc()}
+
+
+def traffic_case(rank, world):
+    """Bytes this rank hands to torch.distributed.isend in ring_attention's forward and backward (GQA, float64),
+    without and with causal (zigzag), and the (query, key) pairs of the blocks its forward computes."""
+    import torch.distributed as dist
+    from attention_core import parallel
+    sent, real, pairs, real_block = [], dist.isend, [], parallel.block_forward
+
+    def counting(tensor, *args, **kwargs):
+        sent.append(tensor.numel() * tensor.element_size())
+        return real(tensor, *args, **kwargs)
+
+    def block(q, k, *args, **kwargs):
+        pairs.append(q.shape[2] * k.shape[2])
+        return real_block(q, k, *args, **kwargs)
+
+    spec = dict(B=1, H=4, Hkv=2, n=4, D=8, Dv=4)  # n = 4: even, so the causal ring goes zigzag
+    q, k, v, dout, _ = build(spec, world, seed=13)
+    n, res = spec["n"], {}
+    dist.isend, parallel.block_forward = counting, block
+    try:
+        for causal in (False, True):
+            mine = [slice_rows(t, rank, n).clone().requires_grad_(True) for t in (q, k, v)]
+            sent.clear()
+            pairs.clear()
+            out = parallel.ring_attention(*mine, is_causal=causal, enable_gqa=True)
+            forward = sum(sent)
+            sent.clear()
+            out.backward(slice_rows(dout, rank, n))
+            res[causal] = (forward, sum(sent))
+            res["work", causal] = sum(pairs)
+    finally:
+        dist.isend, parallel.block_forward = real, real_block
+    return res
+
+
+def subgroup_case(rank, world):
+    """Two sequence-parallel groups side by side in the world, {0, 2} and {1, 3} (as xDiT's sp groups within a
+    larger world): each runs its own problem; the ring addresses its neighbours by their global ranks."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from attention_core import parallel
+    groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    group, r = groups[rank % 2], rank // 2
+    spec = dict(B=1, H=4, Hkv=4, n=4, D=8)
+    q, k, v, dout, _ = build(spec, 2, seed=20 + rank % 2)
+    n, res = spec["n"], {}
+    for algo in ALGOS:
+        for causal in (False, True):
+            try:
+                mine = [slice_rows(t, r, n).clone().requires_grad_(True) for t in (q, k, v)]
+                out = getattr(parallel, f"{algo}_attention")(*mine, is_causal=causal, group=group)
+                out.backward(slice_rows(dout, r, n))
+                leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+                ref = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+                ref.backward(dout)
+                res[algo, causal] = max([(out - slice_rows(ref, r, n)).abs().max().item()] + [
+                    (t.grad - slice_rows(l.grad, r, n)).abs().max().item() for t, l in zip(mine, leaves)])
+            except Exception as e:  # noqa: BLE001
+                res[algo, causal] = f"{type(e).__name__}: {e}"
+    return res
 
 
 class _FailInBackward(torch.autograd.Function):
@@ -335,6 +412,10 @@ def worker(rank, world, init, out_dir):
                 results[(name, algo)] = {"outcome": type(e).__name__, "message": str(e),
                                          "trace": traceback.format_exc(), "seconds": time.perf_counter() - t0}
     results[("yunchang", "ulysses")] = yunchang_case(rank, world)
+    if not only:
+        results[("traffic", "ring")] = traffic_case(rank, world)
+        if world == 4:
+            results[("subgroups", "both")] = subgroup_case(rank, world)
     if not only or "recover" in only:
         for algo, kind in RECOVERY:
             results[("recover", algo, kind)] = recovery_case(algo, kind, rank, world)
@@ -414,6 +495,327 @@ def groups(tmp_path_factory):
     return lambda world: run_group(world, root)
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# in this process, before the process groups start: the pieces the ranks are made of, and one rank alone (a gloo
+# group of size 1: the agreement, its messages and the P = 1 path run here in milliseconds)
+
+
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory):
+    """A gloo process group of this process alone (world size 1), torn down after the module's in-process tests."""
+    import torch.distributed as dist
+    if dist.is_initialized():
+        yield
+        return
+    init = "file://" + str(tmp_path_factory.mktemp("one_rank") / "rendezvous")
+    dist.init_process_group("gloo", init_method=init, rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _sdpa_and_lse(q, k, v, mask=None, causal=False, scale=None):
+    """torch's math SDPA and the logsumexp of its scaled, masked scores (float64, GQA by head count)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with sdpa_kernel([SDPBackend.MATH]):
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale,
+                                             enable_gqa=q.shape[1] != k.shape[1])
+    return out, reference_lse(q, k, mask, causal, scale)
+
+
+def test_zigzag_chunks_pair_each_chunk_with_its_mirror():
+    """docs/multi-gpu.md: rank r of P works on chunks r and 2P-1-r of 2P; every chunk has exactly one rank."""
+    from attention_core.parallel import zigzag_chunks
+    assert [zigzag_chunks(r, 2) for r in range(2)] == [[0, 3], [1, 2]]
+    assert [zigzag_chunks(r, 4) for r in range(4)] == [[0, 7], [1, 6], [2, 5], [3, 4]]
+    for P in (1, 3, 5):
+        assert sorted(c for r in range(P) for c in zigzag_chunks(r, P)) == list(range(2 * P))
+
+
+def test_merge_partial_of_key_blocks_is_attention_over_all_keys():
+    """The ring's merge: partial (out, lse) over disjoint key blocks, merged in either order, give attention and
+    lse over all the keys; rows that no block has given a key keep out 0 and lse -inf (no NaN), and a block
+    where a row has no key leaves that row as it was."""
+    from attention_core.parallel import block_forward, merge_partial
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 3, 5, 8, generator=g, dtype=torch.float64)
+    k = torch.randn(2, 3, 12, 8, generator=g, dtype=torch.float64)
+    v = torch.randn(2, 3, 12, 6, generator=g, dtype=torch.float64)
+    mask = torch.ones(5, 12, dtype=torch.bool)
+    mask[1, 4:] = False  # row 1: keys only in the first block
+    mask[2, :4] = False  # row 2: keys only in the second block
+    mask[3] = False  # row 3: no key at all
+    ref, ref_lse = _sdpa_and_lse(q, k, v, mask[None, None], scale=0.3)
+    blocks = [block_forward(q, k[:, :, s], v[:, :, s], mask[:, s], False, 0.3, {})
+              for s in (slice(0, 4), slice(4, 12))]
+    for order in ((0, 1), (1, 0)):
+        out = torch.zeros(2, 3, 5, 6, dtype=torch.float64)
+        lse = torch.full((2, 3, 5), float("-inf"), dtype=torch.float64)
+        for i in order:
+            merge_partial(out, lse, *blocks[i])
+        assert torch.isfinite(out).all()
+        assert torch.equal(out[:, :, 3], torch.zeros(2, 3, 6)) and (lse[:, :, 3] == float("-inf")).all()
+        rows = [0, 1, 2, 4]
+        assert (out[:, :, rows] - ref[:, :, rows]).abs().max() < 1e-12, order
+        assert (lse[:, :, rows] - ref_lse[:, :, rows]).abs().max() < 1e-12, order
+    # float32 blocks merge into a float64 accumulator in place (the ring's running result)
+    out = torch.zeros(2, 3, 5, 6, dtype=torch.float64)
+    lse = torch.full((2, 3, 5), float("-inf"), dtype=torch.float64)
+    merge_partial(out, lse, blocks[0][0].float(), blocks[0][1])
+    assert out.dtype == torch.float64 and (out[:, :, 0] - blocks[0][0][:, :, 0]).abs().max() < 1e-6
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16])
+def test_block_forward_is_attention_with_lse_in_the_accumulation_dtype(dtype):
+    """A ring block (GQA by head count, the causal diagonal block): torch's attention and the logsumexp of the
+    scores; lse float32, float64 for float64 inputs (docs/multi-gpu.md, return_lse)."""
+    from attention_core.parallel import block_forward
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(1, 4, 6, 8, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(1, 2, 6, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    out, lse = block_forward(q.to(dtype), k.to(dtype), v.to(dtype), None, True, 0.5, {})
+    ref, ref_lse = _sdpa_and_lse(q, k, v, causal=True, scale=0.5)
+    assert out.dtype == dtype and lse.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    tol = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 1e-2}[dtype]
+    assert (out.double() - ref).abs().max() < tol and (lse.double() - ref_lse).abs().max() < tol
+
+
+@pytest.mark.parametrize("mask_kind", ["key_padding", "full", "none"])
+def test_block_backward_sums_to_torchs_gradients(mask_kind):
+    """Each K/V block's gradient given the GLOBAL out and lse (and the gradient of lse): the blocks' dq sum to
+    torch's dq, their dk, dv and dmask are torch's for their keys (dmask summed over the mask's broadcast dims,
+    in the mask's shape and dtype); without need_dmask no mask gradient is computed. Float64 inputs give float64,
+    float32 inputs float32 (the accumulation dtype)."""
+    from attention_core.parallel import block_backward
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 4, 5, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 2, 10, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, 2, 10, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    mask = {"key_padding": torch.randn(2, 1, 1, 10, generator=g, dtype=torch.float64),
+            "full": torch.randn(2, 4, 5, 10, generator=g, dtype=torch.float64), "none": None}[mask_kind]
+    leaves = [q, k, v] + ([mask.requires_grad_(True)] if mask is not None else [])
+    dout = torch.randn(2, 4, 5, 6, generator=g, dtype=torch.float64)
+    dlse = torch.randn(2, 4, 5, generator=g, dtype=torch.float64)
+    ref, ref_lse = _sdpa_and_lse(q, k, v, mask, scale=0.4)
+    want = torch.autograd.grad([ref, ref_lse], leaves, [dout, dlse])
+    out, lse = ref.detach(), ref_lse.detach()
+    dq = 0
+    parts = []
+    for s in (slice(0, 3), slice(3, 10)):
+        m = None if mask is None else mask.detach()[..., s]
+        got = block_backward(dout, q.detach(), k.detach()[:, :, s], v.detach()[:, :, s], out, lse, m, False, 0.4, {},
+                             dlse, need_dmask=mask is not None)
+        assert all(t.dtype == torch.float64 for t in got[:3])
+        if mask is None:
+            assert got[3] is None
+        else:
+            assert got[3].shape == m.shape and got[3].dtype == torch.float64
+        dq = dq + got[0]
+        parts.append(got[1:])
+    assert (dq - want[0]).abs().max() < 1e-12
+    for i in range(2 + (mask is not None)):
+        assert (torch.cat([p[i] for p in parts], dim=-2 if i < 2 else -1) - want[1 + i]).abs().max() < 1e-12
+    # float32 inputs: float32 gradients, and no mask gradient unless asked for
+    got = block_backward(dout.float(), q.detach().float(), k.detach().float(), v.detach().float(), out.float(),
+                         lse.float(), None if mask is None else mask.detach().float(), False, 0.4, {}, None)
+    assert [t.dtype for t in got[:3]] == [torch.float32] * 3 and got[3] is None
+
+
+def test_input_descriptions_read_as_shapes_and_dtypes():
+    """What the disagreement message shows for each rank's q, k, v and mask."""
+    from attention_core.parallel import _describe, _fmt
+    assert _fmt(_describe(torch.zeros(2, 4, 6, 8))) == "(2, 4, 6, 8) float32"
+    assert _fmt(_describe(torch.zeros(6, 8, dtype=torch.float64))) == "(6, 8) float64"
+    assert _fmt(_describe(torch.zeros(7, dtype=torch.bool))) == "(7,) bool"
+    assert _fmt(_describe(torch.zeros(1, 2, 3, dtype=torch.bfloat16))) == "(1, 2, 3) bfloat16"
+    assert _fmt(_describe(torch.zeros(1, 2, 3, 4, dtype=torch.float16))) == "(1, 2, 3, 4) float16"
+    assert _fmt(_describe(torch.zeros(1, 2, dtype=torch.int32))) == "(1, 2) other"
+    assert _fmt(_describe(None)) == "None"
+    assert _fmt(_describe([1.0])) == "not a tensor"
+    assert _describe(torch.zeros(1, 2, 3, 4, dtype=torch.float16)) != _describe(torch.zeros(1, 2, 3, 4))
+
+
+def test_ring_mask_blocks_are_the_owners_key_columns():
+    """Without zigzag each rank holds one chunk: the mask block of owner j's keys is columns j*n .. (j+1)*n of the
+    rank's rows; a mask without a row or key dim is passed whole along it."""
+    from attention_core.parallel import _Ring
+    n, P = 3, 4
+    full = torch.arange(2 * 1 * n * n * P, dtype=torch.float64).reshape(2, 1, n, n * P)
+    for mask, want in ((full, lambda j: full[..., j * n:(j + 1) * n]),
+                       (full[:, :, :1], lambda j: full[:, :, :1, j * n:(j + 1) * n]),
+                       (full[..., :1], lambda j: full[..., :1])):
+        ring = _Ring(None, 1, P, [1], n, False, 1.0, mask, {})
+        for owner in range(P):
+            (qs, ks, diag, m), = ring.pairs(owner)
+            assert (qs, ks, diag) == (slice(0, n), slice(0, n), False)
+            assert torch.equal(m, want(owner)), owner
+    causal = _Ring(None, 1, P, [1], n, True, 1.0, None, {})
+    assert [[diag for _, _, diag, _ in causal.pairs(o)] for o in range(P)] == [[False], [True], [], []]
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_one_rank_is_torchs_attention(one_rank, algo):
+    """P = 1: the engine on the whole sequence, as torch's SDPA (default scale 1/sqrt(E), GQA, masks, lse)."""
+    from attention_core import parallel
+    fn = getattr(parallel, f"{algo}_attention")
+    g = torch.Generator().manual_seed(8)
+    q = torch.randn(1, 4, 7, 16, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(1, 2, 7, 16, generator=g, dtype=torch.float64) for _ in range(2))
+    mask = torch.randn(7, 7, generator=g, dtype=torch.float64)
+    ref, ref_lse = _sdpa_and_lse(q, k, v, mask[None, None])
+    out, lse = fn(q, k, v, mask, enable_gqa=True, return_lse=True)
+    assert (out - ref).abs().max() < 1e-12 and (lse - ref_lse).abs().max() < 1e-12
+    ref, _ = _sdpa_and_lse(q, k, v, causal=True, scale=0.2)
+    assert (fn(q, k, v, is_causal=True, scale=0.2, enable_gqa=True) - ref).abs().max() < 1e-12
+
+
+def _raised(fn, *args, **kwargs):
+    with pytest.raises(Exception) as e:
+        fn(*args, **kwargs)
+    return type(e.value).__name__, str(e.value)
+
+
+REJECTED = ("{fn} (rank 0 of 1): rank(s) [0] rejected the call, so every rank stops here before anything is sent; "
+            "rank 0: ")
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_one_rank_names_what_is_wrong_with_its_inputs(one_rank, algo):
+    """Issue 17.7 / docs/multi-gpu.md: a malformed input or option raises a ValueError naming the rank and the
+    problem, before anything is sent. Every check, with the value at its boundary accepted."""
+    from attention_core import parallel
+    fn_name = f"{algo}_attention"
+    fn = getattr(parallel, fn_name)
+    q = torch.randn(1, 4, 6, 8, dtype=torch.float64)
+    pre = REJECTED.format(fn=fn_name)
+    cases = [
+        ((q[0], q, q), {}, "q must be [B, H, N/P, D] (4-D), got shape (4, 6, 8)"),
+        ((q, q[None], q), {}, "k must be [B, H, N/P, D] (4-D), got shape (1, 1, 4, 6, 8)"),
+        ((q, q, "v"), {}, "v must be a tensor, got str"),
+        ((q.long(), q.long(), q.long()), {}, "q, k, v must share one floating dtype, got torch.int64, torch.int64, "
+                                             "torch.int64"),
+        ((q, q.float(), q), {}, "q, k, v must share one floating dtype, got torch.float64, torch.float32, "
+                                "torch.float64"),
+        ((q, q, q.float()), {}, "q, k, v must share one floating dtype, got torch.float64, torch.float64, "
+                                "torch.float32"),
+        ((q, q[:, :2], q), {}, "shapes do not fit together: q (1, 4, 6, 8), k (1, 2, 6, 8), v (1, 4, 6, 8) "
+                               "(expected q [B, H, n, E], k [B, Hkv, n, E], v [B, Hkv, n, Ev])"),
+        ((q, q.expand(2, -1, -1, -1), q.expand(2, -1, -1, -1)), {}, "shapes do not fit together: q (1, 4, 6, 8), "
+         "k (2, 4, 6, 8), v (2, 4, 6, 8) (expected q [B, H, n, E], k [B, Hkv, n, E], v [B, Hkv, n, Ev])"),
+        ((q, q[..., :4], q), {}, "shapes do not fit together: q (1, 4, 6, 8), k (1, 4, 6, 4), v (1, 4, 6, 8) "
+                                 "(expected q [B, H, n, E], k [B, Hkv, n, E], v [B, Hkv, n, Ev])"),
+        ((q, q, q[:, :, :5]), {}, "shapes do not fit together: q (1, 4, 6, 8), k (1, 4, 6, 8), v (1, 4, 5, 8) "
+                                  "(expected q [B, H, n, E], k [B, Hkv, n, E], v [B, Hkv, n, Ev])"),
+        ((q, q[:, :, :5], q[:, :, :5]), {}, "q holds 6 tokens but k/v hold 5: sequence-parallel attention is "
+         "self-attention over one sharded sequence (call plain SDPA for cross-attention to unsharded keys)"),
+        ((q, q, q), {"attn_mask": [1.0]}, "attn_mask must be a tensor or None, got list"),
+        ((q, q, q), {"attn_mask": torch.ones(6, dtype=torch.bool), "is_causal": True},
+         "attn_mask and is_causal=True together are not allowed (as in torch's SDPA)"),
+        ((q, q, q), {"attn_mask": torch.ones(1, 1, 1, 6, 6)}, "attn_mask must have 1 to 4 dims, got shape "
+                                                              "(1, 1, 1, 6, 6)"),
+        ((q, q, q), {"attn_mask": torch.tensor(1.0)}, "attn_mask must have 1 to 4 dims, got shape ()"),
+        ((q, q, q), {"attn_mask": torch.ones(6, dtype=torch.int64)}, "attn_mask must be bool or floating point "
+                                                                     "(as in torch's SDPA), got torch.int64"),
+        ((q, q, q), {"dropout_p": 1.5}, "dropout_p must be in [0, 1], got 1.5"),
+        ((q, q, q), {"dropout_p": -0.25}, "dropout_p must be in [0, 1], got -0.25"),
+        ((q, q, q), {"return_lse": 1}, "return_lse must be True or False, got 1"),
+        ((q, q[:, :2], q[:, :2]), {}, "q has 4 heads but k/v have 2: pass enable_gqa=True for grouped-query "
+                                      "attention (as torch's SDPA requires)"),
+        ((q, q[:, :3], q[:, :3]), {"enable_gqa": True}, "GQA needs q heads (4) divisible by k/v heads (3)"),
+        ((q, q, q), {"tier": "fastest"}, "tier must be one of ('auto', 'chunked', 'inplace', 'online'), got "
+                                         "'fastest'"),
+        ((q, q, q), {"block_size": 16, "blocks": 2}, "unknown option(s) ['block_size', 'blocks']; the engine "
+         "options are ['tier', 'block_q', 'block_kv', 'memory_budget', 'precision', 'flush_to_zero'] (plus "
+         "return_lse); torch's SDPA arguments are attn_mask, dropout_p, is_causal, scale, enable_gqa"),
+    ]
+    for args, kwargs, problem in cases:
+        assert _raised(fn, *args, **kwargs) == ("ValueError", pre + problem), (args, kwargs)
+    # the boundaries are accepted: a 1-D and a 4-D mask, dropout 0 (and 1 for Ulysses: the ring has none), GQA
+    assert fn(q, q, q, attn_mask=torch.ones(6, dtype=torch.bool)).shape == (1, 4, 6, 8)
+    assert fn(q, q, q, attn_mask=torch.zeros(1, 1, 6, 6, dtype=torch.float64), dropout_p=0.0).shape == (1, 4, 6, 8)
+    assert fn(q, q[:, :2], q[:, :2], enable_gqa=True).shape == (1, 4, 6, 8)
+    if algo == "ulysses":
+        assert torch.equal(fn(q, q, q, dropout_p=1.0), torch.zeros_like(q))
+    else:
+        assert _raised(fn, q, q, q, dropout_p=1.0) == (
+            "NotImplementedError", "ring_attention: dropout_p=1.0 is not supported by the ring (its blocks would "
+            "need one dropout pattern across ranks); use ulysses_attention for dropout.")
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_one_rank_names_the_mask_dim_that_does_not_broadcast(one_rank, algo):
+    """The mask holds this rank's query rows and all N key columns; a dim that is neither 1 nor full is named."""
+    from attention_core import parallel
+    fn_name = f"{algo}_attention"
+    fn = getattr(parallel, fn_name)
+    q = torch.randn(2, 4, 6, 8, dtype=torch.float64)
+    for shape, what, size in (((3, 1, 1, 6), "batch", 3), ((1, 2, 1, 6), "heads", 2),
+                              ((5, 6), "query rows (N/P)", 5), ((5,), "key columns (all N tokens)", 5)):
+        mask = torch.ones(shape, dtype=torch.bool)
+        assert _raised(fn, q, q, q, attn_mask=mask) == ("ValueError", (
+            f"{fn_name}: attn_mask of shape {shape} does not broadcast to [B, H, N/P, N] = [2, 4, 6, 6] (its {what} "
+            f"dim is {size}); each rank passes its own query rows and every key column.")), shape
+    for shape in ((2, 4, 6, 6), (2, 1, 1, 6), (1, 4, 1, 1), (6, 1)):
+        assert fn(q, q, q, attn_mask=torch.ones(shape, dtype=torch.bool)).shape == q.shape, shape
+
+
+def test_with_gloo_the_small_exchanges_go_through_the_cpu(one_rank):
+    """gloo carries CPU tensors: the agreement and the error exchange use the CPU whatever device the inputs are on
+    (here the meta device, which has no data to send: the call still agrees, rejects or runs)."""
+    from attention_core.parallel import _comm_device, ring_attention, ulysses_attention
+    q = torch.randn(1, 4, 6, 8, device="meta")
+    assert _comm_device(None, q) == torch.device("cpu")
+    for fn in (ulysses_attention, ring_attention):
+        assert fn(q, q, q).shape == (1, 4, 6, 8)
+        kind, msg = _raised(fn, q, q, q, tier="fastest")
+        assert kind == "ValueError" and msg.endswith("rank 0: tier must be one of ('auto', 'chunked', 'inplace', "
+                                                     "'online'), got 'fastest'"), msg
+
+
+def test_one_rank_shares_at_most_480_bytes_of_its_message(one_rank):
+    """The error text every rank receives is cut at 480 bytes (docs/multi-gpu.md: one all-gather of 480 bytes)."""
+    from attention_core.parallel import ulysses_attention
+    q = torch.randn(1, 4, 6, 8)
+    name = "x" * 600
+    full = (f"unknown option(s) ['{name}']; the engine options are ['tier', 'block_q', 'block_kv', "
+            f"'memory_budget', 'precision', 'flush_to_zero'] (plus return_lse)")
+    kind, msg = _raised(ulysses_attention, q, q, q, **{name: 1})
+    pre = REJECTED.format(fn="ulysses_attention")
+    assert kind == "ValueError" and msg.startswith(pre)
+    assert msg[len(pre):] == full[:480]
+
+
+def test_flash_layout_attention_is_flash_attn_funcs_convention():
+    """[B, L, H, D] tensors, GQA by head count, softmax_scale and causal as flash_attn_func; what the engine does
+    not have raises NotImplementedError naming every option given."""
+    from attention_core.parallel import flash_layout_attention
+    g = torch.Generator().manual_seed(9)
+    q = torch.randn(2, 7, 4, 8, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(2, 9, 2, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    for kw in ({}, {"softmax_scale": 0.25}, {"causal": True}):
+        ref, _ = _sdpa_and_lse(*(t.transpose(1, 2) for t in (q, k, v)), causal=kw.get("causal", False),
+                               scale=kw.get("softmax_scale"))
+        out = flash_layout_attention(q, k, v, **kw)
+        assert out.shape == (2, 7, 4, 8) and (out - ref.transpose(1, 2)).abs().max() < 1e-12, kw
+    for kw, said in (({"window_size": (4, 0)}, "window_size=(4, 0), softcap=0.0, alibi_slopes=None, "
+                                               "return_attn_probs=False"),
+                     ({"window_size": [-1, 2]}, "window_size=[-1, 2], softcap=0.0, alibi_slopes=None, "
+                                                "return_attn_probs=False"),
+                     ({"softcap": 30.0}, "window_size=(-1, -1), softcap=30.0, alibi_slopes=None, "
+                                         "return_attn_probs=False"),
+                     ({"alibi_slopes": torch.ones(4)}, "window_size=(-1, -1), softcap=0.0, alibi_slopes=set, "
+                                                       "return_attn_probs=False"),
+                     ({"return_attn_probs": True}, "window_size=(-1, -1), softcap=0.0, alibi_slopes=None, "
+                                                   "return_attn_probs=True")):
+        assert _raised(flash_layout_attention, q, k, v, **kw) == ("NotImplementedError", (
+            f"flash_layout_attention: {said} are not supported by the tiled engine; only dropout_p, softmax_scale "
+            f"and causal are")), kw
+    assert flash_layout_attention(q, k, v, window_size=[-1, -1]).shape == (2, 7, 4, 8)
+
+
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("algo", ALGOS)
 @pytest.mark.parametrize("case", list(CASES))
@@ -438,7 +840,11 @@ def test_every_rank(groups, world, algo, case):
             for what, e, te, s in zip(("out", "dq", "dk", "dv"), res["err"], res["torch_err"], res["scale"]):
                 assert e <= 8 * te + 1e-6 * s, f"{where} {what}: error {e:.3g} vs torch fp32 {te:.3g}"
         else:
-            assert len(res["err"]) == len(res["what"]) == (4 + bool(spec.get("mask_grad")) + bool(spec.get("lse")))
+            if spec.get("no_grad"):
+                assert res["what"] == ["out", "lse"] and res["no_grad"], where
+            else:
+                n_what = 4 + bool(spec.get("mask_grad")) + bool(spec.get("lse"))
+                assert len(res["err"]) == len(res["what"]) == n_what, where
             for what, e, s in zip(res["what"], res["err"], res["scale"]):
                 assert e <= 1e-10 * max(1.0, s), f"{where} {what}: max error {e:.3g} (scale {s:.3g})"
 
@@ -467,8 +873,46 @@ def test_a_rank_that_never_calls_gives_an_error_not_a_hang(groups, world):
     for rank in [0] + list(range(2, world)):
         res = runs[rank][("absent_rank", "ulysses")]
         assert res["outcome"] == "RuntimeError", res
-        assert "not every rank of the process group joined" in res["message"], res["message"]
+        assert res["message"].startswith(
+            f"ulysses_attention (rank {rank} of {world}): not every rank of the process group joined the call within "
+            f"its timeout (each rank must call ulysses_attention the same number of times, in the same order): "
+        ), res["message"]
         assert res["seconds"] < ABSENT_TIMEOUT_S + 20, res
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_the_ring_sends_each_kv_block_once_round(groups, world):
+    """docs/multi-gpu.md: each rank sends its K/V block P-1 times (its kv heads only under GQA, not repeated);
+    the backward sends K/V P-1 times and the dK/dV accumulators P times (one more hop home). Causal is the same."""
+    runs = groups(world)
+    kv = 1 * 2 * 4 * (8 + 4) * 8  # B x Hkv x n x (D + Dv) float64 values of one rank's K and V
+    for rank in range(world):
+        for causal in (False, True):
+            assert runs[rank][("traffic", "ring")][causal] == ((world - 1) * kv, (world - 1) * kv + world * kv), (
+                rank, causal)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_the_causal_ring_gives_every_rank_the_same_work(groups, world):
+    """docs/multi-gpu.md: causal attention is load-balanced (zigzag): every rank's forward computes 2P + 1 blocks
+    of (n/2)^2 (query, key) pairs (its diagonal blocks masked inside), not rank r's 2r + 1 halves; without causal
+    each rank computes all P blocks of n^2."""
+    runs = groups(world)
+    n = 4
+    for rank in range(world):
+        assert runs[rank][("traffic", "ring")]["work", True] == (2 * world + 1) * (n // 2) ** 2, rank
+        assert runs[rank][("traffic", "ring")]["work", False] == world * n * n, rank
+
+
+def test_two_sequence_parallel_groups_in_one_world(groups):
+    """The group may be a subgroup of the world (xDiT's sequence-parallel groups): with {0, 2} and {1, 3} of 4
+    ranks, both algorithms are exact in each group, forward and backward, causal or not."""
+    runs = groups(4)
+    for rank in range(4):
+        res = runs[rank][("subgroups", "both")]
+        assert set(res) == {(a, c) for a in ALGOS for c in (False, True)}
+        for key, err in res.items():
+            assert isinstance(err, float) and err < 1e-12, (rank, key, err)
 
 
 @pytest.mark.parametrize("world", WORLDS)
@@ -491,6 +935,7 @@ def test_an_error_leaves_the_group_usable(groups, world, algo, kind):
     valid call on the same process group gives the right answer on every rank, well within its timeout."""
     runs = groups(world)
     want = RECOVERY[(algo, kind)]
+    where_failed = "backward" if kind.endswith("backward") else "forward"
     messages = set()
     for rank in range(world):
         res = runs[rank][("recover", algo, kind)]
@@ -501,8 +946,13 @@ def test_an_error_leaves_the_group_usable(groups, world, algo, kind):
         assert err["seconds"] < RECOVER_TIMEOUT_S / 2, f"{where}: the error took {err['seconds']:.1f} s"
         if isinstance(want, str):
             messages.add(re.sub(r"\(rank \d+ of \d+\)", "(rank r)", err["message"]))
-        elif rank != 1:
-            assert "rank(s) [1]" in err["message"] and "injected" in err["message"], err["message"]
+        elif rank != 1:  # the others name rank 1 and its exception
+            assert err["message"] == (
+                f"{algo}_attention (rank {rank} of {world}): rank(s) [1] failed during the call, so every rank stops "
+                f"here (the process group stays usable). rank 1: OutOfMemoryError: injected: out of memory on rank "
+                f"1 in the {where_failed}"), err["message"]
+        else:
+            assert err["message"] == f"injected: out of memory on rank 1 in the {where_failed}", err["message"]
         after = res["after"]
         assert after["outcome"] == "ok", f"{where}: the next call on the group failed: {after}"
         assert after["err"] < 1e-10 and after["seconds"] < RECOVER_TIMEOUT_S / 2, f"{where}: {after}"
@@ -518,17 +968,42 @@ def test_an_error_leaves_the_group_usable(groups, world, algo, kind):
         assert "block_size" in messages.pop()
 
 
-def test_messages_name_the_problem(groups):
-    runs = groups(2)
-    msg = runs[0][("heads_not_divisible", "ulysses")]["message"]
-    assert "3 query heads" in msg and "2 ranks" in msg, msg
-    msg = runs[0][("ranks_disagree", "ring")]["message"]
-    assert "disagree" in msg and "rank 1" in msg, msg
-    assert "rank(s) [0]" in runs[1][("rank0_malformed", "ulysses")]["message"]
-    assert "4-D" in runs[0][("rank0_malformed", "ulysses")]["message"]
-    assert "ulysses_attention" in runs[0][("dropout", "ring")]["message"]
-    assert "attn_mask requires grad 0.0" in runs[0][("mask_grad_disagree", "ulysses")]["message"]
-    assert "attn_mask requires grad 1.0" in runs[1][("mask_grad_disagree", "ring")]["message"]
+def _described(q, k, v, mask, requires_grad):
+    return (f"q {q} float64, k {k} float64, v {v} float64, mask {mask}, is_causal 0.0, scale (-1: default) -1.0, "
+            f"enable_gqa 0.0, dropout_p 0.0, attn_mask requires grad {requires_grad}")
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_messages_name_the_problem(groups, world):
+    """docs/multi-gpu.md: every rank raises the same ValueError naming the rank(s) and the problem (with its own
+    rank in the prefix): each rank's shapes, dtypes and flags where they disagree, each rejecting rank's reason
+    (said once when they agree), the head count Ulysses cannot split."""
+    runs = groups(world)
+    six, seven, four = "(1, 4, 6, 8)", "(1, 4, 7, 8)", "(1, 4, 4, 8)"
+    for rank in range(world):
+        def msg(case, algo):
+            return runs[rank][(case, algo)]["message"]
+        assert msg("heads_not_divisible", "ulysses") == (
+            f"ulysses_attention: 3 query heads do not split over {world} ranks; Ulysses needs the head count "
+            f"divisible by the number of ranks (use ring_attention, or a group of a size dividing 3)")
+        for algo in ALGOS:
+            fn = f"{algo}_attention (rank {rank} of {world}): "
+            disagree = (fn + "the ranks disagree on their inputs; every rank must pass the same shapes, dtype and "
+                        "flags (each holding N/P tokens). rank 0: ")
+            assert msg("ranks_disagree", algo) == disagree + _described(six, six, six, "None", 0.0) + (
+                "; rank 1: " + _described(seven, seven, seven, "None", 0.0))
+            assert msg("mask_grad_disagree", algo) == disagree + _described(
+                four, four, four, f"(1, 1, 1, {4 * world}) float64", 0.0) + "; rank 1: " + _described(
+                four, four, four, f"(1, 1, 1, {4 * world}) float64", 1.0)  # ranks 2, 3 agree with rank 0
+            rejected = fn + "rank(s) {} rejected the call, so every rank stops here before anything is sent; "
+            assert msg("rank0_malformed", algo) == rejected.format([0]) + (
+                "rank 0: q must be [B, H, N/P, D] (4-D), got shape (4, 6, 8)")
+            assert msg("ranks_reject_differently", algo) == rejected.format([0, 1]) + (
+                "rank 0: q must be [B, H, N/P, D] (4-D), got shape (4, 6, 8); rank 1: q, k, v must share one "
+                "floating dtype, got torch.float64, torch.float64, torch.float32")
+        assert msg("dropout", "ring") == (
+            "ring_attention: dropout_p=0.3 is not supported by the ring (its blocks would need one dropout pattern "
+            "across ranks); use ulysses_attention for dropout.")
 
 
 if __name__ == "__main__" and len(sys.argv) == 6 and sys.argv[1] == "--worker":
