@@ -244,6 +244,18 @@ EQUIVALENT += [
        "return max(1, min(n, math.ceil(ffn_bytes(batch, n, ffn, elem) / max(1, free * AUTO_SHARE))))",
        "return max(1, min(n, math.ceil(ffn_bytes(batch, n, ffn, elem) / max( 2, free * AUTO_SHARE))))",
        "the feed-forward bytes are at least 2 N, so a divisor up to 2 still gives >= N chunks, capped at N"),
+] + [("attention_core/multidevice.py",
+       "if mask.dim() >= 3 and mask.shape[-3] == q_heads and q_heads > 1:",
+       f"if mask.dim() >= 3 and mask.shape[-3] == q_heads and q_heads {op}:",
+       "with one query head there is one group, and its slice [..., 0:1, :, :] of a mask whose head dim is 1 is "
+       "the whole mask") for op in (">= 1", "> 0")
+] + [("attention_core/parallel.py", "_META = 40", f"_META = {x}",
+      "the description has 30 entries and every rank pads to the same length: only zero padding changes")
+     for x in ("41", "39")
+] + [("attention_core/parallel.py", "code = _DTYPES.index(t.dtype) if t.dtype in _DTYPES else 9",
+      f"code = _DTYPES.index(t.dtype) if t.dtype in _DTYPES else {x}",
+      "any code from 5 up prints as \"other\" and equals no listed dtype's code; every rank computes the same")
+     for x in ("10", "8")
 ] + [("attention_core/patch.py", "_config = (False, {})", "_config = (True, {})",
        "_refresh sets this default only when nothing asks for the patch, and removes the patch in the same call; "
        "_patched_sdpa returns torch's own result whenever the patch is not installed, before `force` is used (only "
