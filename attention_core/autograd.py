@@ -154,7 +154,7 @@ def differentiable_backward(dout5, dlse, q5, k4, v4, mask5, seed, causal, causal
     dS = P * (dP - rowsum(dO * O) + dL), dQ = scale dS K, dK = scale dS^T Q, dV = P_drop^T dO, dMask = dS."""
     st = stats_dtype(q5.dtype)
     q, k, v = q5.to(st), k4.to(st).unsqueeze(2), v4.to(st).unsqueeze(2)  # k, v broadcast over the G heads
-    prob, lse = _probabilities(q, k, mask5, causal, causal_offset, scale)
+    prob = _probabilities(q, k, mask5, causal, causal_offset, scale)
     keep = _keep_scale(q5, k4, seed, dropout_p)
     pd = prob if keep is None else prob * keep
     do = dout5.to(st)
@@ -177,7 +177,7 @@ def differentiable_backward(dout5, dlse, q5, k4, v4, mask5, seed, causal, causal
 
 
 def _probabilities(q, k, mask5, causal, causal_offset, scale):
-    """(P (B, H, G, Lq, Lk), L (B, H, G, Lq)) in differentiable ops; rows with no visible key: P = 0, L = -inf."""
+    """P (B, H, G, Lq, Lk) in differentiable ops; rows with no visible key: P = 0."""
     s = torch.matmul(q * scale, k.transpose(-1, -2))
     Lq, Lk = s.shape[-2], s.shape[-1]
     if mask5 is not None:
@@ -189,10 +189,7 @@ def _probabilities(q, k, mask5, causal, causal_offset, scale):
     m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
     e = torch.exp(s - m)
     l = e.sum(-1, keepdim=True)
-    empty = l == 0
-    l_safe = torch.where(empty, torch.ones_like(l), l)
-    lse = torch.where(empty, torch.full_like(l, float("-inf")), m + torch.log(l_safe)).squeeze(-1)
-    return e / l_safe, lse
+    return e / torch.where(l == 0, torch.ones_like(l), l)
 
 
 def _keep_scale(q5, k4, seed, dropout_p):

@@ -1,6 +1,7 @@
 """pytest plugin for `./dev mutate`: which test executes which line (coverage.py, one context per test node id).
 
-Copied next to the tree as mutate_coverage_plugin.py and loaded with `-p mutate_coverage_plugin` on the unmutated copy; writes the coverage data file named by
+Copied next to the tree as mutate_coverage_plugin.py and loaded with `-p mutate_coverage_plugin` on the unmutated copy
+(measuring from its import, before any conftest.py); writes the coverage data file named by
 MUTATE_COVERAGE_FILE. Lines run while no test is running (imports) get the empty context.
 """
 import os
@@ -10,7 +11,9 @@ import coverage
 _cov = None
 
 
-def pytest_configure(config):
+def _start():
+    """Measure from the moment `-p` imports this plugin: before pytest loads any conftest.py, so the import-time
+    lines (constants) of modules a conftest imports get the empty context, not no context at all."""
     global _cov
     path = os.environ.get("MUTATE_COVERAGE_FILE")
     if not path or _cov is not None:
@@ -18,6 +21,13 @@ def pytest_configure(config):
     _cov = coverage.Coverage(data_file=path, include=[os.path.join(os.environ["MUTATE_TREE"], "*")],
                              config_file=False)
     _cov.start()
+
+
+_start()
+
+
+def pytest_configure(config):
+    _start()
 
 
 def pytest_runtest_setup(item):

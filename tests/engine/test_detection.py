@@ -33,6 +33,25 @@ def test_nvidia_sm86():
     assert r.sm == "8.6" and r.bf16_hardware and not r.needs_tiled_attention
 
 
+@pytest.mark.parametrize("kw,needs,reason", [
+    (dict(hip=False, major=8, minor=6, fused_backends=[]), True, "no fused SDPA backend runs here"),
+    (dict(hip=False, major=9, minor=0, fused_backends=["flash", "efficient"]), False,
+     "torch's flash, efficient attention runs"),
+    (dict(hip=False, major=4, minor=0), True, "sm_40: from the arch table"),
+    (dict(hip=False, major=7, minor=5), False, "sm_75: from the arch table"),
+    (dict(hip=True, arch="gfx906:sramecc+:xnack-", fused_backends=[]), True, "no fused SDPA backend runs on gfx906"),
+    (dict(hip=True, arch="gfx942", fused_backends=["flash"]), False, "torch's flash attention runs on gfx942"),
+    (dict(hip=True, arch="gfx906"), True,
+     "gfx906 is known to lack fused attention (no MFMA for CK, rejected by AOTriton)"),
+    (dict(hip=True, arch="gfx1100"), False, "gfx1100: from the arch table"),
+])
+def test_the_verdict_says_why(kw, needs, reason):
+    """Each verdict comes with the reason the report and the nodes print: the probe's finding when it ran, else
+    the arch table's (NVIDIA and AMD alike)."""
+    r = report_from_properties("cuda:0", "GPU", **kw)
+    assert r.needs_tiled_attention is needs and r.reason == reason and r.probed == ("fused_backends" in kw)
+
+
 def test_detect_per_device_with_faked_torch(monkeypatch):
     """detect() on a faked ROCm machine with a gfx906 and a gfx1030, the probe finding nothing."""
     props = {0: types.SimpleNamespace(name="AMD Instinct MI50", gcnArchName="gfx906:sramecc+:xnack-", major=9,
