@@ -257,6 +257,11 @@ EQUIVALENT += [
       f"code = _DTYPES.index(t.dtype) if t.dtype in _DTYPES else {x}",
       "any code from 5 up prints as \"other\" and equals no listed dtype's code; every rank computes the same")
      for x in ("10", "8")
+] + [("attention_core/detection.py",
+       '"efficient": lambda q: aten._scaled_dot_product_efficient_attention(q, q, q, None, False)[0]}',
+       '"efficient": lambda q: aten._scaled_dot_product_efficient_attention(q, q, q, None, True)[0]}',
+       "the probe only asks whether the kernel runs; compute_log_sumexp adds an output and [0] is the attention "
+       "output either way (GPU-only code)")
 ] + [("attention_core/patch.py", "_config = (False, {})", "_config = (True, {})",
        "_refresh sets this default only when nothing asks for the patch, and removes the patch in the same call; "
        "_patched_sdpa returns torch's own result whenever the patch is not installed, before `force` is used (only "

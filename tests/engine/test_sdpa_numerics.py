@@ -138,3 +138,22 @@ def test_autocast_like_torch_and_tiles_keep_their_dtype(tier):
     ref = reference(q.bfloat16(), k.bfloat16(), v.bfloat16())
     rel = ((got.double() - ref).abs() / ref.abs().clamp(min=1e-3)).max()
     assert rel <= 2 ** -8  # within bf16's final rounding: with autocast inside, bf16 matmuls gave ~2x that
+
+
+def test_the_fp16_backward_guard_counts_the_dropout_rescaling():
+    """The backward's fp16 guard bounds the dV partial sums by rows x max|dO| / (1 - p): kept weights are scaled up
+    by 1 / (1 - p). 64 rows x max|dO| 400 = 25,600 fits fp16's safe range (32,752) without dropout; with p = 0.5
+    the bound is 51,200 and the backward must switch to fp32 (everything else here is tiny)."""
+    from attention_core.numerics import FP16_SAFE, choose_numerics
+    from attention_core.problem import normalize
+    from attention_core.tiers.backward import backward_dtype
+    from attention_core.tiles import TileSource
+    q = torch.full((1, 1, 64, 16), 0.01, dtype=torch.float16)
+    dout = torch.zeros(1, 1, 1, 64, 16, dtype=torch.float16)
+    dout[..., 0, 0] = 400
+    assert 64 * 400 < FP16_SAFE <= 64 * 400 / 0.5
+    got = {}
+    for p in (0.0, 0.5):
+        src = TileSource(normalize(q, q, q, dropout_p=p), choose_numerics(torch.float16, q.device, "fp16"))
+        got[p] = backward_dtype(src, dout, 64, 64)
+    assert got == {0.0: torch.float16, 0.5: torch.float32}

@@ -62,3 +62,16 @@ def test_gpu_and_cpu_targets_at_the_wan_720p_shape():
     assert memory.tile_for(n, heads, 1, 12, 1 << 40, n, "other", target=bwd["other"]) == (192, n, heads)
     assert memory.tile_for(n, heads, 1, 12, 1 << 40, n, "cpu", target=bwd["cpu"]) == (64, n, 1)  # 73 pairs
     assert memory.FREE_FRACTION == {"cpu": 0.5, "other": 0.7}
+
+
+def test_a_tile_of_every_head_fills_the_calls_output_without_a_second_one():
+    """When one tile holds every kv head (4 heads x 256 x 256 scores here), the tier fills the call's output
+    itself: LiveBytes sees the output (2 MB: values 512 wide), the tile's S and P (2 MB) and its P V product (2 MB,
+    4.3 MB beyond the output in all), not also a second 2 MB output assembled from one head group."""
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 4, 256, 64, generator=g), torch.randn(1, 4, 256, 64, generator=g)
+    v = torch.randn(1, 4, 256, 512, generator=g)
+    with torch.no_grad():
+        peak = peak_bytes(ops.attention_forward, q, k, v, tier="chunked")
+    out_bytes = 4 * 256 * 512 * 4
+    assert peak - out_bytes <= 5 * MB, f"{(peak - out_bytes) / MB:.2f} MB beyond the output"
