@@ -127,6 +127,16 @@ def test_free_memory_on_cpu_and_explicit_budget():
         tile_budget(torch.device("cpu"), 0)
 
 
+def test_free_memory_asks_each_backend_for_its_own_device_only(monkeypatch):
+    """The MPS figure (recommended maximum less what the driver holds) is for mps devices; a device type no
+    backend answers for (meta, hpu, ...) is unknown (None), even where MPS could answer."""
+    monkeypatch.setattr(torch.mps, "recommended_max_memory", lambda: 16 << 30, raising=False)
+    monkeypatch.setattr(torch.mps, "driver_allocated_memory", lambda: 6 << 30, raising=False)
+    assert free_memory(torch.device("mps")) == 10 << 30
+    for other in ("meta", "hpu", "lazy"):
+        assert free_memory(torch.device(other)) is None, other
+
+
 @pytest.mark.parametrize("tier", ["chunked", "inplace", "online"])
 def test_head_groups_exact_forward_backward_dropout(tier, monkeypatch):
     """Small tiles split the heads into groups: results, gradients (float masks per head, per batch, both, neither)
