@@ -945,7 +945,9 @@ def test_an_error_leaves_the_group_usable(groups, world, algo, kind):
         assert err["outcome"] == expect, f"{where}: expected {expect}, got {err}"
         assert err["seconds"] < RECOVER_TIMEOUT_S / 2, f"{where}: the error took {err['seconds']:.1f} s"
         if isinstance(want, str):
-            messages.add(re.sub(r"\(rank \d+ of \d+\)", "(rank r)", err["message"]))
+            # the same words on every rank; what each rank read of its own free memory may differ by a few MB
+            messages.add(re.sub(r"free memory found on (\w+): \d+ MB", r"free memory found on \1: X MB",
+                                re.sub(r"\(rank \d+ of \d+\)", "(rank r)", err["message"])))
         elif rank != 1:  # the others name rank 1 and its exception
             assert err["message"] == (
                 f"{algo}_attention (rank {rank} of {world}): rank(s) [1] failed during the call, so every rank stops "
