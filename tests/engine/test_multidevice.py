@@ -259,12 +259,12 @@ def test_the_log_line_gives_each_devices_peak_in_mb(caplog, monkeypatch):
     """On CUDA each device's peak memory joins the log line, in whole MB. CPU devices measure none, so the measured
     peak is stood in for here (2.5 GiB and 700 MiB), the rest of the call real."""
     real = multidevice._run_group
-    peaks = iter([2560 * 2**20, 700 * 2**20 + 2**18])
+    peaks = [2560 * 2**20, 700 * 2**20 + 2**18]  # by device index: the device threads finish in any order
 
     def run_group(*args):
         real(*args)
         results, i = args[-2], args[-1]
-        results[i] = (results[i][0], next(peaks), results[i][2])
+        results[i] = (results[i][0], peaks[i], results[i][2])
 
     monkeypatch.setattr(multidevice, "_run_group", run_group)
     q = torch.randn(1, 2, 512, 64)
