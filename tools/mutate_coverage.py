@@ -26,10 +26,6 @@ def _start():
 _start()
 
 
-def pytest_configure(config):
-    _start()
-
-
 def pytest_runtest_setup(item):
     if _cov is not None:
         _cov.switch_context(item.nodeid)
