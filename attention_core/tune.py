@@ -71,6 +71,14 @@ def candidates(tier: str, heads: int, n: int, rows: int):
     return out
 
 
+def _only_out_of_memory(e: BaseException, device) -> None:
+    """Re-raise `e` unless it is out of memory (oom.is_oom); after out of memory, give cached memory back."""
+    if not is_oom(e):
+        raise e
+    import torch
+    release_cached(torch.device(device))
+
+
 def _time(fn, repeats, warm=True):
     if warm:
         fn()  # lazy init, thread pools
@@ -133,9 +141,7 @@ def tune_shape(heads, n, dim, dtype, device, tier, rows, repeats, log=print):
             try:
                 t = _time(f, repeats, warm=False)  # the untuned run above warmed everything up
             except Exception as e:  # noqa: BLE001 - an out-of-memory candidate just loses; anything else is a bug
-                if not is_oom(e):
-                    raise
-                release_cached(torch.device(device))
+                _only_out_of_memory(e, device)
                 log(f"    {c}: {e.__class__.__name__} (out of memory)")
                 continue
             log(f"    block_q {c[0]:>4} x keys {c[1]:>5} x {c[2]:>2} heads: {1000 * t:8.1f} ms")
@@ -238,9 +244,7 @@ def tune(device, dtypes, shapes, tiers, rows, repeats, log=print) -> dict:
                 checks = [layout_check(heads, n, dim, dtype, device, min(rows, n), LAYOUT_ROUNDS, log)
                           for heads, n, dim in shapes]
             except Exception as e:  # noqa: BLE001 - out of memory keeps the default layout; anything else is a bug
-                if not is_oom(e):
-                    raise
-                release_cached(torch.device(device))
+                _only_out_of_memory(e, device)
                 log(f"  chunked {dtype}: score layouts not compared ({e.__class__.__name__}: {e}); default kept")
             else:
                 prof.setdefault("layouts", {})[dtype] = pick_layout(checks)
