@@ -6,9 +6,9 @@ the old one (os.replace), so readers and other writers never see a partial file.
 """
 from __future__ import annotations
 
-import math
 import os
 import re
+import reprlib
 from typing import Optional
 
 from . import jsonfile
@@ -26,32 +26,80 @@ def calibration_path(device: str = "cpu", dtype: str = "fp32") -> str:
     return find_profile_file(f"calibration-{slug}-{dtype}.json")
 
 
-def _positive(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+# Sane ranges of every field attention_core.estimate reads (anything outside is a damaged or hand-edited file):
+# - rates (`gflops`, GFLOP/s): 1e-6 (a thousand FLOP/s, a million times below one slow CPU core; tests time
+#   made-up tiny models that slow) to 1e7 (10 PFLOP/s, several times the fastest accelerator's dense
+#   half-precision rate). A run's FLOPs (below 1e32 at the largest size, batch and steps the planner
+#   accepts) over a rate in range is a finite time; a subnormal rate (5e-324) made "inf h a step", and a rate near 1e308 "0.0 s".
+# - attention `tokens`: 1 to 1e9 (calibrate measures 1,024-4,096; the rates are interpolated on log(tokens)).
+# - GEMM `n` (output columns of the measured shape): a whole number from 1 to 2^20 (the models' widest linear
+#   layer is under 20,000 columns); the estimate takes log(n / width), so 0, negatives, null, strings or a
+#   400-digit number crashed it.
+# - `device`, `dtype`, `date`: printed in the report's heading: non-empty printable text of at most 200 characters.
+MIN_GFLOPS, MAX_GFLOPS = 1e-6, 1e7
+MAX_TOKENS = 1e9
+MAX_GEMM_N = 2 ** 20
+MAX_TEXT = 200
+_show = reprlib.Repr()
+_show.maxstring, _show.maxother, _show.maxlong = 40, 40, 40
+
+
+def _number(x, lo: float, hi: float) -> bool:
+    """x is a JSON number (not true/false) with lo <= x <= hi (so finite); huge integers compare exactly."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and lo <= x <= hi
+
+
+def _fmt(x) -> str:
+    return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
+
+
+def _entry(r, fields) -> Optional[str]:
+    """What is wrong with a measurement entry `r` whose `fields` are {name: (lo, hi, whole)}, or None."""
+    if not isinstance(r, dict):
+        return f"{type(r).__name__} instead of an object"
+    for name, (lo, hi, whole) in fields.items():
+        x = r.get(name)
+        if not _number(x, lo, hi) or (whole and not isinstance(x, int)):
+            kind = "a whole number" if whole else "a number"
+            return f"'{name}' {_show.repr(x)} is not {kind} from {_fmt(lo)} to {_fmt(hi)}"
+    return None
+
+
+_ATTENTION = {"tokens": (1, MAX_TOKENS, False), "gflops": (MIN_GFLOPS, MAX_GFLOPS, False)}
+_GEMM = {"n": (1, MAX_GEMM_N, True), "gflops": (MIN_GFLOPS, MAX_GFLOPS, False)}
 
 
 def validate(data) -> Optional[str]:
-    """None when `data` is a usable calibration, else what is wrong with it."""
+    """None when `data` is a usable calibration (every field the estimate reads within the ranges above), else
+    what is wrong with it (the first problem found)."""
     if not isinstance(data, dict):
         return "not a JSON object"
-    if data.get("version") != VERSION:
-        return f"version {data.get('version')!r} is not {VERSION}"
+    version = data.get("version")
+    if not _number(version, VERSION, VERSION):  # a JSON number (1.0 is 1), not true
+        return f"version {_show.repr(version)} is not {VERSION}"
     for key in ("device", "date", "dtype"):
-        if not isinstance(data.get(key), str) or not data[key]:
+        text = data.get(key)
+        if not isinstance(text, str) or not text:
             return f"'{key}' is missing or not a string"
+        if len(text) > MAX_TEXT or not text.isprintable():
+            return f"'{key}' is not one line of printable text of at most {MAX_TEXT} characters"
     att = data.get("attention")
     if not isinstance(att, dict) or not isinstance(att.get("pack"), list) or not att["pack"]:
         return "'attention' has no 'pack' measurements"
     for kind, rows in att.items():
         if kind not in KINDS or not isinstance(rows, list):
-            return f"attention kind {kind!r} is unknown or not a list"
-        for r in rows:
-            if not (isinstance(r, dict) and all(_positive(r.get(k)) for k in ("tokens", "gflops"))):
-                return f"an attention entry of {kind!r} needs positive 'tokens' and 'gflops': {r!r}"
+            return f"attention kind {_show.repr(kind)} is unknown or not a list"
+        for i, r in enumerate(rows):
+            bad = _entry(r, _ATTENTION)
+            if bad:
+                return f"attention entry {i} of {kind!r}: {bad}"
     gemm = data.get("gemm")
-    if not (isinstance(gemm, list) and gemm and all(isinstance(r, dict) and _positive(r.get("gflops"))
-                                                     for r in gemm)):
-        return "'gemm' needs a list of entries with positive 'gflops'"
+    if not isinstance(gemm, list) or not gemm:
+        return "'gemm' needs a non-empty list of measurements"
+    for i, r in enumerate(gemm):
+        bad = _entry(r, _GEMM)
+        if bad:
+            return f"gemm entry {i}: {bad}"
     return None
 
 
@@ -60,10 +108,23 @@ def _checked(data):
     return (None, [bad]) if bad else (data, [])
 
 
+_cache: dict = {}
+
+
 def load(path: str) -> Optional[dict]:
-    """The calibration at `path`, or None when there is none or it is unusable (one warning naming the file)."""
-    return jsonfile.load_json_validated(path, _checked, what="calibration",
+    """The calibration at `path`, or None when there is none or it is unusable (one warning naming the file,
+    once per version of it: the Attention Fit node asks on every run)."""
+    return jsonfile.load_json_validated(path, _checked, _cache, what="calibration",
                                         hint="Run python -m attention_core.calibrate again.")
+
+
+def problem(path: str) -> Optional[str]:
+    """Why the calibration file at `path` is not usable (unreadable, not JSON, out of range...), or None when it
+    is usable or does not exist; no warning logged (for a command line's `error:` line)."""
+    key, value, problems = jsonfile.read_json_validated(path, _checked)
+    if key is None or value is not None:
+        return None
+    return f"{path!r} is not a usable calibration: {'; '.join(problems)}"
 
 
 def save(data: dict, path: str) -> str:

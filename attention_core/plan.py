@@ -395,6 +395,11 @@ def main(argv=None) -> int:
                     help="calibration file for the time estimate (default: this device's, from "
                          "python -m attention_core.calibrate)")
     a = ap.parse_args(argv)
+    if a.calibration is not None:  # a file named on the command line: a broken one is an error, not a warning
+        from .calibration import problem
+        bad = problem(a.calibration)
+        if bad:
+            cli_args.fail(ap, "--calibration", f"{bad} (make a new one with python -m attention_core.calibrate --out FILE)")
     spec = MODELS[a.model]
     for flag, value, least in zip(("--width", "--height"), (a.width, a.height), min_size(spec)):
         if value < least:

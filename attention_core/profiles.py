@@ -22,6 +22,7 @@ import math
 import os
 import platform
 import re
+import reprlib
 import sys
 from typing import Optional, Tuple
 
@@ -116,22 +117,30 @@ def profile_path(device="cpu") -> str:
 
 TIER_NAMES = ("chunked", "inplace", "online")  # the forward tiers a profile may name (tiers.ORDER; no import)
 _COUNTS = ("heads", "dim", "n", "block_q", "block_kv", "heads_per_group")
+# the largest count a profile entry may hold: 2^31 - 1 keys, heads, head dims or tile sizes is far beyond any
+# shape `tune` measures (thousands of keys, tens of heads), and it keeps every ratio the planner takes
+# (log(n / Lk), rows x n / Lk) within float range: a 400-digit count overflowed float division on every call
+MAX_COUNT = 2 ** 31 - 1
+_show = reprlib.Repr()
+_show.maxstring, _show.maxother, _show.maxlong = 40, 40, 40
 
 
 def _entry_problem(e) -> Optional[str]:
     """Why a profile entry is unusable, or None when it is a valid entry."""
     if not isinstance(e, dict):
         return f"{type(e).__name__} instead of an object"
-    if e.get("tier") not in TIER_NAMES:
-        return f"tier {e.get('tier')!r} is not one of {', '.join(TIER_NAMES)}"
+    if not isinstance(e.get("tier"), str) or e["tier"] not in TIER_NAMES:
+        return f"tier {_show.repr(e.get('tier'))} is not one of {', '.join(TIER_NAMES)}"
     if not isinstance(e.get("dtype"), str):
-        return f"dtype {e.get('dtype')!r} is not a dtype name"
+        return f"dtype {_show.repr(e.get('dtype'))} is not a dtype name"
     for key in _COUNTS:
         val = e.get(key)
         if isinstance(val, bool) or not isinstance(val, int) or val < 1:
-            return f"{key} {val!r} is not an integer >= 1"
+            return f"{key} {_show.repr(val)} is not an integer >= 1"
+        if val > MAX_COUNT:
+            return f"{key} {_show.repr(val)} is larger than {MAX_COUNT:,}"
     if not isinstance(e.get("use", True), bool):
-        return f"use {e.get('use')!r} is not true/false"
+        return f"use {_show.repr(e.get('use'))} is not true/false"
     return None
 
 
@@ -139,8 +148,9 @@ def validate_profile(obj) -> Tuple[Optional[dict], list]:
     """(profile with only its valid entries, or None; the problems found), for jsonfile.load_json_validated."""
     if not isinstance(obj, dict):
         return None, [f"a JSON {type(obj).__name__}, not a profile object"]
-    if obj.get("version") != PROFILE_VERSION:
-        return None, [f"version {obj.get('version')!r}, this engine reads version {PROFILE_VERSION}"]
+    version = obj.get("version")
+    if isinstance(version, bool) or not isinstance(version, (int, float)) or version != PROFILE_VERSION:
+        return None, [f"version {_show.repr(version)}, this engine reads version {PROFILE_VERSION}"]
     entries = obj.get("entries")
     if not isinstance(entries, list):
         return None, [f"'entries' is {type(entries).__name__}, not a list"]
@@ -166,10 +176,11 @@ def _valid_layouts(layouts) -> Tuple[dict, list]:
         return {}, [f"'layouts' is {type(layouts).__name__}, not an object of dtype: layout; ignored"]
     good, problems = {}, []
     for dt, lay in layouts.items():
-        if lay in LAYOUTS:
+        if isinstance(lay, str) and lay in LAYOUTS:
             good[dt] = lay
         else:
-            problems.append(f"layouts[{dt!r}] {lay!r} is not one of {', '.join(LAYOUTS)}; dropped")
+            problems.append(f"layouts[{_show.repr(dt)}] {_show.repr(lay)} is not one of {', '.join(LAYOUTS)}; "
+                            "dropped")
     return good, problems
 
 

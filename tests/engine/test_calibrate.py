@@ -39,17 +39,20 @@ def _calib():
     (lambda d: {**d, "attention": {**d["attention"], "subquad": {}}},
      "attention kind 'subquad' is unknown or not a list"),
     (lambda d: {**d, "attention": {"pack": [{"tokens": 0, "gflops": 5}]}},
-     "an attention entry of 'pack' needs positive 'tokens' and 'gflops': {'tokens': 0, 'gflops': 5}"),
+     "attention entry 0 of 'pack': 'tokens' 0 is not a number from 1 to 1,000,000,000"),
     (lambda d: {**d, "attention": {"pack": [{"tokens": 9, "gflops": 1}], "math": [{"tokens": 9, "gflops": -1}]}},
-     "an attention entry of 'math' needs positive 'tokens' and 'gflops': {'tokens': 9, 'gflops': -1}"),
+     "attention entry 0 of 'math': 'gflops' -1 is not a number from 1e-06 to 10,000,000"),
     (lambda d: {**d, "attention": {"pack": [{"tokens": 9}]}},
-     "an attention entry of 'pack' needs positive 'tokens' and 'gflops': {'tokens': 9}"),
+     "attention entry 0 of 'pack': 'gflops' None is not a number from 1e-06 to 10,000,000"),
     (lambda d: {**d, "attention": {"pack": [[9, 1]]}},
-     "an attention entry of 'pack' needs positive 'tokens' and 'gflops': [9, 1]"),
-    (lambda d: {**d, "gemm": []}, "'gemm' needs a list of entries with positive 'gflops'"),
-    (lambda d: {k: v for k, v in d.items() if k != "gemm"}, "'gemm' needs a list of entries with positive 'gflops'"),
-    (lambda d: {**d, "gemm": [5]}, "'gemm' needs a list of entries with positive 'gflops'"),
-    (lambda d: {**d, "gemm": d["gemm"] + [{"gflops": 0}]}, "'gemm' needs a list of entries with positive 'gflops'"),
+     "attention entry 0 of 'pack': list instead of an object"),
+    (lambda d: {**d, "gemm": []}, "'gemm' needs a non-empty list of measurements"),
+    (lambda d: {k: v for k, v in d.items() if k != "gemm"}, "'gemm' needs a non-empty list of measurements"),
+    (lambda d: {**d, "gemm": [5]}, "gemm entry 0: int instead of an object"),
+    (lambda d: {**d, "gemm": d["gemm"] + [{"n": 3072, "gflops": 0}]},
+     "gemm entry 1: 'gflops' 0 is not a number from 1e-06 to 10,000,000"),
+    (lambda d: {**d, "gemm": d["gemm"] + [{"gflops": 5}]}, "gemm entry 1: 'n' None is not a whole number from 1 to "
+                                                           "1,048,576"),
 ])
 def test_validate_names_what_is_wrong(change, problem):
     """The first problem of a bad calibration, as the load warning and save's error show it."""
@@ -59,14 +62,14 @@ def test_validate_names_what_is_wrong(change, problem):
 @pytest.mark.parametrize("bad", [True, float("inf"), float("nan"), "5", None, 0, -0.5])
 def test_rates_must_be_positive_finite_numbers(bad):
     """A rate divides FLOPs into seconds: a boolean, infinite, NaN, text, zero or negative one is refused."""
-    assert calibration.validate({**_calib(), "gemm": [{"gflops": bad}]}) is not None
+    assert calibration.validate({**_calib(), "gemm": [{"n": 3072, "gflops": bad}]}) is not None
     assert calibration.validate({**_calib(), "attention": {"pack": [{"tokens": 1024, "gflops": bad}]}}) is not None
     assert calibration.validate({**_calib(), "attention": {"pack": [{"tokens": bad, "gflops": 1.0}]}}) is not None
 
 
 def test_a_usable_calibration_round_trips(tmp_path):
     """Whole and fractional positive rates, all three attention kinds: valid, saved and loaded back unchanged."""
-    data = {**_calib(), "attention": {"pack": [{"tokens": 1, "gflops": 1e-9}], "subquad": [],
+    data = {**_calib(), "attention": {"pack": [{"tokens": 1, "gflops": 1e-3}], "subquad": [],
                                       "math": [{"tokens": 64, "gflops": 3}]}}
     assert calibration.validate(data) is None
     path = str(tmp_path / "c.json")
@@ -90,7 +93,7 @@ def test_save_refuses_an_invalid_calibration_and_writes_nothing(tmp_path):
     with pytest.raises(ValueError) as e:
         calibration.save({**_calib(), "gemm": []}, path)
     assert str(e.value) == (f"not saving an invalid calibration to {path}: "
-                            "'gemm' needs a list of entries with positive 'gflops'")
+                            "'gemm' needs a non-empty list of measurements")
     assert os.listdir(tmp_path) == []
 
 
