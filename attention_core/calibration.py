@@ -1,8 +1,10 @@
 """The calibration file of attention_core.calibrate: where it lives, validation on load, atomic writes.
 
-Untrusted input (a file on the user's disk): `load` validates it and treats a bad one as absent, with one warning
-naming the file; `save` writes a unique temporary file (tempfile.mkstemp) in the same folder and renames it over
-the old one (os.replace), so readers and other writers never see a partial file. No torch import here.
+Untrusted input (a file on the user's disk): `load` validates every field the estimate reads (sane ranges, below)
+and treats a bad file (whatever it holds: attention_core.jsonfile) as absent, with one warning naming the file per
+version of it; `problem` says what is wrong for a command line's error line; `save` writes a unique temporary
+file (tempfile.mkstemp) in the same folder and renames it over the old one (os.replace), so readers and other
+writers never see a partial file. No torch import here.
 """
 from __future__ import annotations
 
@@ -30,7 +32,8 @@ def calibration_path(device: str = "cpu", dtype: str = "fp32") -> str:
 # - rates (`gflops`, GFLOP/s): 1e-6 (a thousand FLOP/s, a million times below one slow CPU core; tests time
 #   made-up tiny models that slow) to 1e7 (10 PFLOP/s, several times the fastest accelerator's dense
 #   half-precision rate). A run's FLOPs (below 1e32 at the largest size, batch and steps the planner
-#   accepts) over a rate in range is a finite time; a subnormal rate (5e-324) made "inf h a step", and a rate near 1e308 "0.0 s".
+#   accepts) over a rate in range is a finite time; a subnormal rate (5e-324) made "inf h a step", and a rate
+#   near 1e308 "0.0 s".
 # - attention `tokens`: 1 to 1e9 (calibrate measures 1,024-4,096; the rates are interpolated on log(tokens)).
 # - GEMM `n` (output columns of the measured shape): a whole number from 1 to 2^20 (the models' widest linear
 #   layer is under 20,000 columns); the estimate takes log(n / width), so 0, negatives, null, strings or a

@@ -399,7 +399,8 @@ def main(argv=None) -> int:
         from .calibration import problem
         bad = problem(a.calibration)
         if bad:
-            cli_args.fail(ap, "--calibration", f"{bad} (make a new one with python -m attention_core.calibrate --out FILE)")
+            cli_args.fail(ap, "--calibration", f"{bad} (make a new one with python -m attention_core.calibrate "
+                                               "--out FILE)")
     spec = MODELS[a.model]
     for flag, value, least in zip(("--width", "--height"), (a.width, a.height), min_size(spec)):
         if value < least:

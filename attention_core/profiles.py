@@ -10,8 +10,9 @@ counts within 2x of the tuned ones), rows rescaled so the tile keeps its tuned n
 count, or None when there is no profile, TILED_ATTENTION_TUNE=off, or the tile would exceed the memory budget.
 
 A profile is a file on the user's disk, so it is untrusted input: `load_profile` validates it (entries of the wrong
-shape or type, unknown tiers, counts below 1 are dropped, with ONE warning naming the file per version of it; a
-file that is not a profile at all is ignored the same way), tiles are clamped to [1, N] where they are used, and
+shape or type, unknown tiers, counts outside [1, MAX_COUNT] are dropped, with ONE warning naming the file per
+version of it; a file that is not a profile at all, or not readable as JSON whatever it holds, is ignored the same
+way: attention_core.jsonfile), tiles are clamped to [1, N] where they are used, and
 `save_profile` writes atomically under a unique temporary name (attention_core.jsonfile), so concurrent tuners
 never collide and readers never see a partial file. No attention call fails because of a profile.
 """
