@@ -12,6 +12,7 @@ import re
 from typing import Optional
 
 from . import jsonfile
+from .machine_load import load_problem
 
 VERSION = 1
 KINDS = ("pack", "subquad", "math")
@@ -52,6 +53,8 @@ def validate(data) -> Optional[str]:
     if not (isinstance(gemm, list) and gemm and all(isinstance(r, dict) and _positive(r.get("gflops"))
                                                      for r in gemm)):
         return "'gemm' needs a list of entries with positive 'gflops'"
+    if "load" in data and load_problem(data["load"]):  # optional: the load calibrate measured at
+        return f"'load' {load_problem(data['load'])}"
     return None
 
 
