@@ -500,9 +500,10 @@ def main(argv=None):
     ap.add_argument("--comfyui", type=cli_args.comfyui_folder, default=default_comfyui(),
                     help="ComfyUI folder for its attention (default: "
                     "$COMFYUI_LATEST_PATH, $COMFYUI_PATH, else the stock 0.33.0 of ./dev)")
-    ap.add_argument("--json", type=cli_args.output_file, help="write all results here")
-    ap.add_argument("--plot", type=cli_args.output_file, help="write a PNG of time and memory per method here")
-    ap.add_argument("--from-json", type=cli_args.existing_file,
+    ap.add_argument("--json", type=cli_args.at_caller(cli_args.output_file), help="write all results here")
+    ap.add_argument("--plot", type=cli_args.at_caller(cli_args.output_file),
+                    help="write a PNG of time and memory per method here")
+    ap.add_argument("--from-json", type=cli_args.at_caller(cli_args.existing_file),
                     help="print the tables (and --plot) of a saved --json run, running nothing")
     ap.add_argument(machine_load.FORCE_FLAG, action="store_true",
                     help="write --json / --plot even when other processes kept the machine busy while it measured "

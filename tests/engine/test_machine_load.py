@@ -191,6 +191,9 @@ def test_bench_refuses_json_measured_busy(tmp_path, monkeypatch, capsys):
     assert bench.main(argv + ["--force-busy"]) == 0
     data = json.loads((tmp_path / "b.json").read_text())
     assert data["info"]["load"]["forced"] and data["results"][0]["others"] == {"mean": CORES, "max": CORES}
+    # run by ./dev (from the clone), a relative --json is the caller's: $TILED_ATTENTION_CALLER_CWD
+    monkeypatch.setenv("TILED_ATTENTION_CALLER_CWD", str(tmp_path))
+    assert bench.main(argv[:-1] + ["rel.json", "--force-busy"]) == 0 and (tmp_path / "rel.json").is_file()
 
 
 def test_predict_step_refuses_to_log_a_busy_measurement(tmp_path, monkeypatch, capsys):
