@@ -84,7 +84,8 @@ def measure(device: str = "cpu", dtype: str = "fp32", model: str = "wan22-5b", t
             def pack():
                 scaled_dot_product_attention(q, k, v)
                 sync()
-            att["pack"].append({"tokens": n, "heads": HEADS, "head_dim": d, "gflops": fl / _timed(monitor, ("pack", n), pack, repeats) / 1e9})
+            att["pack"].append({"tokens": n, "heads": HEADS, "head_dim": d,
+                                "gflops": fl / _timed(monitor, ("pack", n), pack, repeats) / 1e9})
             if subquad is not None:  # ComfyUI's layout: [B, N, H*D]
                 qc, kc, vc = (t.transpose(1, 2).reshape(1, n, HEADS * d) for t in (q, k, v))
 
@@ -146,6 +147,7 @@ def main(argv=None) -> int:
     data["load"] = load = monitor.summary()
     refused = machine_load.refusal(load, "the calibration")
     path = None if refused else save(data, a.out or calibration_path(a.device, dtype))
+
     def rate(key, text, gflops):  # a rate, with the load it was measured at when known
         span = monitor.figures.get(key)
         return f"{text}: {gflops:.1f}" + (f" ({span.text()})" if span is not None else "")

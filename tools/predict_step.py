@@ -149,9 +149,10 @@ def main(argv=None) -> int:
             f"{torch.__version__}, {torch.get_num_threads()} threads, "
             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}; calibration {calib['date']} "
             f"({cal_s:.0f} s); load average {load0[0]:.1f} before, {load1[0]:.1f} after; measured at: "
-            f"{machine_load.describe(load)}" + ("; MACHINE BUSY, logged anyway (--force-busy)" if load["forced"] else ""))
-    lines = [head, "", "| blocks | attention | predicted s/step (attention) | measured s/step | predicted / measured - 1 "
-             "| other processes' runnable threads |", "|---|---|---|---|---|---|"]
+            f"{machine_load.describe(load)}"
+            + ("; MACHINE BUSY, logged anyway (--force-busy)" if load["forced"] else ""))
+    lines = [head, "", "| blocks | attention | predicted s/step (attention) | measured s/step | predicted / measured "
+             "- 1 | other processes' runnable threads |", "|---|---|---|---|---|---|"]
     for k, m, p, pa, me, err, others in rows:
         lines.append(f"| {k} | {estimate.METHODS[m]} | {p:.1f} ({pa:.1f}) | {me:.1f} | {err:+.0%} | {others} |")
     text = "\n".join(lines)
