@@ -3,13 +3,13 @@ servers' step clock, medians per configuration, whether the machine was too busy
 headline and table a user reads.
 
 Contract: the headline always compares the pack's recommended configuration (role "recommended": Patch Attention,
-FFN Chunking left to free memory) with ComfyUI's default on the GPUs this pack is for (role "default": its sub-
-quadratic attention, which is also ComfyUI's default on the CPU), whatever the other configurations measured; every
-figure in it names its configuration; memory is compared both ways it was measured (the server's whole peak and its
-growth during the prompt); a frame difference is always said of the configuration that has it; a busy machine
-(busy_reason: before or while it measured) replaces the speed ratio by a warning. Per-step time is the median of the
-steps after each run's first one (the first carries one-off work: moving the model, FFN Chunking's exactness check,
-first-call planning); the first step is reported apart.
+FFN Chunking left to free memory) with ComfyUI's default on the GPUs this pack is for (role "default": its
+sub-quadratic attention, which is also ComfyUI's default on the CPU), whatever the other configurations measured;
+every figure in it names its configuration; memory is compared both ways it was measured (the server's whole peak
+and its growth during the prompt); a frame difference is always said of the configuration that has it; a busy
+machine (busy_reason: before or while it measured) replaces the speed ratio by a warning. Per-step time is the
+median of the steps after each run's first one (the first carries one-off work: moving the model, FFN Chunking's
+exactness check, first-call planning); the first step is reported apart.
 """
 import re
 import statistics
