@@ -345,7 +345,7 @@ def chart_panels(results, what, step_title=STEP_TITLE):
 
 def use_clone_for_matplotlib():
     """matplotlib's cache and config in the clone's .cache/matplotlib, not ~/.cache and ~/.config (unless
-    MPLCONFIGDIR is set); before matplotlib is imported, and inherited by the servers."""
+    MPLCONFIGDIR is set): main() calls it first, before matplotlib is imported, and the servers inherit it."""
     os.environ.setdefault("MPLCONFIGDIR", os.path.join(ROOT, ".cache", "matplotlib"))
 
 
@@ -354,7 +354,6 @@ def chart(results, path, title, what, step_title=STEP_TITLE, busy=None):
     step (median of the later steps; the first step, with its one-off work, written beside it) and the largest
     frame difference from the default configuration (chart_panels); the headline is the title. `busy`: the step
     panel says the times are unreliable."""
-    use_clone_for_matplotlib()
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
