@@ -24,6 +24,10 @@ torch.cuda.max_memory_allocated over the allocated baseline.
 Cases run with OMP_WAIT_POLICY=PASSIVE unless set (the same for every method; see _run_in_subprocess).
 Errors are against torch's math SDPA in float64 (or this engine's chunked tier in float64 when the float64
 score matrix would not fit, marked "ref=tiled64").
+Every case's line names the load it ran at: other processes' runnable threads while it ran ("others", sampled by
+attention_core.machine_load) and the 1-minute load average. --json and --plot are not written when other
+processes kept the machine busy (machine_load's threshold: a quarter of the cores) unless --force-busy; the JSON's
+info holds the load either way ("load": mean, max, cores, threshold, busy, forced).
 """
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ import sys
 import tempfile
 import time
 
+from . import machine_load
 from .plan import PRESETS, preset_shapes
 
 METHODS = ["math", "torch", "chunked", "inplace", "online", "auto", "chunked-prev", "auto-prev", "chunked-queries",
@@ -349,8 +354,9 @@ def _table(rows, mode):
     return "\n".join(out)
 
 
-def _plot(rows, path):
-    """Bars per shape: time and peak extra memory of every method that ran (log scale), the pack's tiers solid."""
+def _plot(rows, path, load=None):
+    """Bars per shape: time and peak extra memory of every method that ran (log scale), the pack's tiers solid;
+    `load` (machine_load's summary, as --json saves it in info) is named under the title."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -381,7 +387,11 @@ def _plot(rows, path):
             ax.set_title(f"{'forward' if mode == 'fwd' else 'fwd+bwd'} {lab}: {what}", fontsize=9)
             ax.tick_params(labelsize=8)
             ax.grid(True, axis="x", which="both", alpha=0.3)
-    fig.suptitle("attention methods side by side (solid: this pack; hatched: others); lower is better", fontsize=10)
+    title = "attention methods side by side (solid: this pack; hatched: others); lower is better"
+    if load:
+        title += "\nmeasured at: " + machine_load.describe(load) + (" (saved anyway: --force-busy)"
+                                                                     if load.get("forced") else "")
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     return True
@@ -395,7 +405,8 @@ def merge_rounds(rs):
     row = dict(ok[0])
     if len(rs) > 1:
         row.update(ms=statistics.median(r["ms"] for r in ok), peak_mb=statistics.median(r["peak_mb"] for r in ok),
-                   round_ms=[r["ms"] for r in ok], round_load=[r["load"] for r in ok])
+                   round_ms=[r["ms"] for r in ok], round_load=[r["load"] for r in ok],
+                   round_others=[r.get("others") for r in ok])
         for key in ("err", "grad_err"):
             if any(r.get(key) is not None for r in ok):
                 row[key] = max(r[key] for r in ok if r.get(key) is not None)
@@ -428,8 +439,9 @@ def _load():
         return "?"
 
 
-def load_results(path):
-    """The result rows of a run saved with --json; ValueError saying what is wrong with the file."""
+def load_results(path, with_info=False):
+    """The result rows of a run saved with --json (with_info: (rows, its info object or {})); ValueError saying
+    what is wrong with the file."""
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -442,6 +454,9 @@ def load_results(path):
     if not isinstance(rows, list) or not all(isinstance(r, dict) and keys <= r.keys() for r in rows):
         raise ValueError("not a run saved with --json (an object whose 'results' lists rows with "
                          f"{', '.join(sorted(keys))})")
+    if with_info:
+        info = data.get("info")
+        return rows, info if isinstance(info, dict) else {}
     return rows
 
 
@@ -485,10 +500,14 @@ def main(argv=None):
     ap.add_argument("--comfyui", type=cli_args.comfyui_folder, default=default_comfyui(),
                     help="ComfyUI folder for its attention (default: "
                     "$COMFYUI_LATEST_PATH, $COMFYUI_PATH, else the stock 0.33.0 of ./dev)")
-    ap.add_argument("--json", type=cli_args.output_file, help="write all results here")
-    ap.add_argument("--plot", type=cli_args.output_file, help="write a PNG of time and memory per method here")
-    ap.add_argument("--from-json", type=cli_args.existing_file,
+    ap.add_argument("--json", type=cli_args.at_caller(cli_args.output_file), help="write all results here")
+    ap.add_argument("--plot", type=cli_args.at_caller(cli_args.output_file),
+                    help="write a PNG of time and memory per method here")
+    ap.add_argument("--from-json", type=cli_args.at_caller(cli_args.existing_file),
                     help="print the tables (and --plot) of a saved --json run, running nothing")
+    ap.add_argument(machine_load.FORCE_FLAG, action="store_true",
+                    help="write --json / --plot even when other processes kept the machine busy while it measured "
+                         "(their runnable threads above a quarter of the cores on average); the files record the load")
     a = ap.parse_args(argv)
     if a.case:
         try:
@@ -499,12 +518,15 @@ def main(argv=None):
         return 0
     if a.from_json:
         try:
-            rows = load_results(a.from_json)
+            rows, saved = load_results(a.from_json, with_info=True)
         except ValueError as e:
             cli_args.fail(ap, "--from-json", f"{a.from_json}: {e}")
         for mode in ("fwd", "fwdbwd"):
             print(_table(rows, mode))
-        if a.plot and _plot(rows, a.plot):
+        load = saved.get("load") if isinstance(saved.get("load"), dict) and "cores" in saved["load"] else None
+        if load:
+            print(f"\nmeasured at: {machine_load.describe(load)}")
+        if a.plot and _plot(rows, a.plot, load):
             print(f"wrote {a.plot}")
         return 0
     a.mode = a.mode or ("fwd" if a.preset else "both")
@@ -533,7 +555,8 @@ def main(argv=None):
         info["gpu"] = torch.cuda.get_device_name(torch.device(device))
     print(f"# attention benchmark on {device} ({info.get('gpu', 'CPU')}), {a.dtype}, B={a.batch}, "
           f"torch {torch.__version__}, ComfyUI from {a.comfyui}, load {info['load_start']}", flush=True)
-    with tempfile.TemporaryDirectory() as tmp:
+    monitor = machine_load.Monitor(force=a.force_busy)
+    with tempfile.TemporaryDirectory() as tmp, monitor:
         for mode, n, heads, dim, dtype, preset in build_plan(a):
             case = dict(mode=mode, n=n, heads=heads, dim=dim, batch=a.batch, dtype=dtype, device=device, seed=n,
                         repeats=1 if a.quick else repeats + 1, threads=a.threads, comfyui=a.comfyui, preset=preset)
@@ -551,26 +574,42 @@ def main(argv=None):
                         r = {**{k: case[k] for k in ("n", "mode", "heads", "dim", "dtype")}, "method": m,
                              "skipped": f"needs ~{need / GIB:.1f} GB, {free / GIB:.1f} GB available: not run"}
                     else:
-                        r = _run_in_subprocess(dict(case, method=m), a.timeout)  # a fresh process per case
+                        with monitor.span() as span:
+                            r = _run_in_subprocess(dict(case, method=m), a.timeout)  # a fresh process per case
+                        r["others"] = {"mean": span.mean, "max": span.max}
                     r.update(ref=kind, heads=heads, dim=dim, dtype=dtype, preset=preset, load=_load())
                     by_method[m].append(r)
                     err = r.get("grad_err", r.get("err"))
                     shown = (f"{r['ms']:.0f} ms, {r['peak_mb']:.0f} MB, err "
                              f"{'-' if err is None else format(err, '.1e')}"
                              if "ms" in r else (r.get("skipped") or r.get("error")))
-                    print(f"  {mode:<6} N={n:<6} {heads}x{dim} {dtype:<8} {m:<14} {shown}   (load {r['load']}"
+                    others = (machine_load.figure_text(r["others"]["mean"], r["others"]["max"]) + ", "
+                              if "others" in r else "")
+                    print(f"  {mode:<6} N={n:<6} {heads}x{dim} {dtype:<8} {m:<14} {shown}   ({others}load {r['load']}"
                           f"{f', round {rnd + 1}' if a.rounds > 1 else ''})", flush=True)
             rows += [merge_rounds(rs) for rs in by_method.values()]
     info["load_end"] = _load()
+    info["load"] = load = monitor.summary()
     for mode in ("fwd", "fwdbwd"):
         t = _table(rows, mode)
         if t:
             print(t)
+    print(f"\nmeasured at: {monitor.text()} (load average {info['load_start']} at the start, {info['load_end']} "
+          "at the end)")
+    if a.json or a.plot:
+        refused = machine_load.refusal(load, " / ".join(f for f, v in (("--json", a.json), ("--plot", a.plot))
+                                                         if v))
+        if refused:
+            print(f"error: {refused}", file=sys.stderr)
+            return 2
+    if load["busy"]:
+        print(f"warning: machine busy ({machine_load.describe(load)}): these figures are unreliable"
+              + (f"; saved anyway ({machine_load.FORCE_FLAG})" if load["forced"] else ""))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"info": info, "results": rows}, f, indent=1)
         print(f"\nwrote {a.json}")
-    if a.plot and _plot(rows, a.plot):
+    if a.plot and _plot(rows, a.plot, load):
         print(f"wrote {a.plot}")
     return 0
 

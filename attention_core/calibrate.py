@@ -10,6 +10,10 @@ Measures on this device and dtype (each the best of a few runs, well under a min
 and stores FLOP rates (GFLOP/s; attention FLOPs = 4 * heads * N^2 * head_dim) in calibration-<device>.json
 next to the tile profiles (attention_core.profiles.profile_dir), with the date and the device name.
 The file's rules (validated on load, atomic writes) are in attention_core.calibration.
+Each rate is printed with the load it was measured at (other processes' runnable threads, "others", from
+attention_core.machine_load) and the file records the run's ("load"); when other processes kept the machine busy
+(on average more than a quarter of the cores) the rates are printed and the file is not written, unless
+--force-busy.
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ import sys
 import time
 from typing import Optional
 
-from . import plan
+from . import machine_load, plan
 from .calibration import VERSION, calibration_path, save
 
 TOKENS = (1024, 2048, 4096)
@@ -30,6 +34,14 @@ MATH_MAX_SCORES = 1 << 26
 
 
 # ------------------------------------------------------------------------------------------- measuring
+def _timed(monitor, key, fn, repeats: int) -> float:
+    """_best(fn, repeats), inside `monitor`'s span `key` (machine_load.Monitor) when there is a monitor."""
+    if monitor is None:
+        return _best(fn, repeats)
+    with monitor.span(key):
+        return _best(fn, repeats)
+
+
 def _best(fn, repeats: int) -> float:
     fn()  # warm-up (allocations, first-call dispatch)
     best = math.inf
@@ -46,8 +58,9 @@ def attention_flops(heads: int, n: int, head_dim: int, keys: Optional[int] = Non
 
 
 def measure(device: str = "cpu", dtype: str = "fp32", model: str = "wan22-5b", tokens=TOKENS,
-            comfyui: Optional[str] = None, repeats: int = 2) -> dict:
-    """Measure the rates (see the module doc) and return the calibration dict (not saved)."""
+            comfyui: Optional[str] = None, repeats: int = 2, monitor=None) -> dict:
+    """Measure the rates (see the module doc) and return the calibration dict (not saved). `monitor`: a started
+    machine_load.Monitor; each rate's readings go to monitor.figures[(kind, tokens)] (GEMMs: ("gemm", n))."""
     import torch
 
     from .profiles import _device_name
@@ -71,7 +84,8 @@ def measure(device: str = "cpu", dtype: str = "fp32", model: str = "wan22-5b", t
             def pack():
                 scaled_dot_product_attention(q, k, v)
                 sync()
-            att["pack"].append({"tokens": n, "heads": HEADS, "head_dim": d, "gflops": fl / _best(pack, repeats) / 1e9})
+            att["pack"].append({"tokens": n, "heads": HEADS, "head_dim": d,
+                                "gflops": fl / _timed(monitor, ("pack", n), pack, repeats) / 1e9})
             if subquad is not None:  # ComfyUI's layout: [B, N, H*D]
                 qc, kc, vc = (t.transpose(1, 2).reshape(1, n, HEADS * d) for t in (q, k, v))
 
@@ -79,13 +93,13 @@ def measure(device: str = "cpu", dtype: str = "fp32", model: str = "wan22-5b", t
                     subquad(qc, kc, vc, HEADS)
                     sync()
                 att["subquad"].append({"tokens": n, "heads": HEADS, "head_dim": d,
-                                       "gflops": fl / _best(sq, repeats) / 1e9})
+                                       "gflops": fl / _timed(monitor, ("subquad", n), sq, repeats) / 1e9})
             if HEADS * n * n <= MATH_MAX_SCORES:
                 def mth():
                     torch.nn.functional.scaled_dot_product_attention(q, k, v)
                     sync()
                 att["math"].append({"tokens": n, "heads": HEADS, "head_dim": d,
-                                    "gflops": fl / _best(mth, repeats) / 1e9})
+                                    "gflops": fl / _timed(monitor, ("math", n), mth, repeats) / 1e9})
             del q, k, v
         gemm = []
         x = torch.randn(GEMM_ROWS, spec.width, generator=g).to(dev, td)
@@ -96,7 +110,8 @@ def measure(device: str = "cpu", dtype: str = "fp32", model: str = "wan22-5b", t
                 torch.nn.functional.linear(x, w)
                 sync()
             fl = 2.0 * GEMM_ROWS * spec.width * out_w
-            gemm.append({"m": GEMM_ROWS, "k": spec.width, "n": out_w, "gflops": fl / _best(mm, repeats) / 1e9})
+            gemm.append({"m": GEMM_ROWS, "k": spec.width, "n": out_w,
+                         "gflops": fl / _timed(monitor, ("gemm", out_w), mm, repeats) / 1e9})
     name, arch = _device_name(device)
     return {"version": VERSION, "device": f"{name} ({arch})", "dtype": dtype, "model": model,
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -115,23 +130,39 @@ def main(argv=None) -> int:
     ap.add_argument("--comfyui", type=cli_args.comfyui_folder, default=None, help="ComfyUI folder for its sub-quadratic attention (default: "
                     "$COMFYUI_LATEST_PATH, $COMFYUI_PATH, else the one ./dev set up; none: skipped)")
     ap.add_argument("--out", type=cli_args.output_file, default=None, help="file to write (default: in the profile folder)")
+    ap.add_argument(machine_load.FORCE_FLAG, action="store_true",
+                    help="write the file even when other processes kept the machine busy while it measured (their "
+                         "runnable threads above a quarter of the cores on average); the file records the load")
     a = ap.parse_args(argv)
     dtype = a.dtype or ("fp32" if a.device == "cpu" else "fp16")
     from .bench import default_comfyui
     comfyui = a.comfyui or default_comfyui()
+    monitor = machine_load.Monitor(force=a.force_busy)
     try:
-        data = measure(a.device, dtype, a.model, comfyui=comfyui)
+        with monitor:
+            data = measure(a.device, dtype, a.model, comfyui=comfyui, monitor=monitor)
     except (RuntimeError, ValueError) as e:
         print(f"error: --device {a.device} --dtype {dtype}: {e}", file=sys.stderr)
         return 2
-    path = save(data, a.out or calibration_path(a.device, dtype))
-    print(f"calibration of {data['device']}, {dtype}, {data['date']} -> {path}")
+    data["load"] = load = monitor.summary()
+    refused = machine_load.refusal(load, "the calibration")
+    path = None if refused else save(data, a.out or calibration_path(a.device, dtype))
+
+    def rate(key, text, gflops):  # a rate, with the load it was measured at when known
+        span = monitor.figures.get(key)
+        return f"{text}: {gflops:.1f}" + (f" ({span.text()})" if span is not None else "")
+    print(f"calibration of {data['device']}, {dtype}, {data['date']} -> {path or 'not saved'}")
     for kind, rows in data["attention"].items():
-        print(f"  attention {kind:<8} " + ", ".join(f"N {r['tokens']}: {r['gflops']:.1f}" for r in rows) + " GFLOP/s")
-    print("  GEMM               " + ", ".join(f"{r['m']}x{r['k']}x{r['n']}: {r['gflops']:.1f}" for r in data["gemm"])
-          + " GFLOP/s")
+        print(f"  attention {kind:<8} " + ", ".join(rate((kind, r["tokens"]), f"N {r['tokens']}", r["gflops"])
+                                                   for r in rows) + " GFLOP/s")
+    print("  GEMM               " + ", ".join(rate(("gemm", r["n"]), f"{r['m']}x{r['k']}x{r['n']}", r["gflops"])
+                                              for r in data["gemm"]) + " GFLOP/s")
     if not comfyui:
         print("  (ComfyUI not found: sub-quadratic not measured; pass --comfyui PATH)")
+    print(f"  measured at: {machine_load.describe(load)}")
+    if refused:
+        print(f"error: {refused}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -14,6 +14,7 @@ import reprlib
 from typing import Optional
 
 from . import jsonfile
+from .machine_load import load_problem
 
 VERSION = 1
 KINDS = ("pack", "subquad", "math")
@@ -103,6 +104,8 @@ def validate(data) -> Optional[str]:
         bad = _entry(r, _GEMM)
         if bad:
             return f"gemm entry {i}: {bad}"
+    if "load" in data and load_problem(data["load"]):  # optional: the load calibrate measured at
+        return f"'load' {load_problem(data['load'])}"
     return None
 
 

@@ -183,3 +183,25 @@ def default_device() -> str:
 def fail(parser: argparse.ArgumentParser, flag: str, message: str):
     """A problem found after parsing (it depends on several flags): the same one line, naming `flag`."""
     parser.error(f"argument {flag}: {message}")
+
+
+CALLER_CWD = "TILED_ATTENTION_CALLER_CWD"  # set by ./dev, which runs its commands from the clone: the caller's folder
+
+
+def caller_path(path: str) -> str:
+    """`path` as the user meant it: relative to the folder the command was called from, $TILED_ATTENTION_CALLER_CWD
+    (which ./dev sets before it moves into the clone; ~ expanded); without it, `path` unchanged (relative to the
+    current folder)."""
+    here = os.environ.get(CALLER_CWD)
+    path = str(path)
+    if not here or not path.strip():
+        return path
+    return os.path.join(here, os.path.expanduser(path))
+
+
+def at_caller(parse):
+    """An argparse `type=` that reads a path from the caller's folder (caller_path), then checks it with `parse`."""
+    def wrapped(s):
+        return parse(caller_path(s))
+    wrapped.__name__ = getattr(parse, "__name__", "path")
+    return wrapped

@@ -28,6 +28,7 @@ import sys
 from typing import Optional, Tuple
 
 from .jsonfile import atomic_write_json, load_json_validated
+from .machine_load import load_problem
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +169,11 @@ def validate_profile(obj) -> Tuple[Optional[dict], list]:
     if "layouts" in obj:
         out["layouts"], bad = _valid_layouts(obj["layouts"])
         problems += bad
+    if "load" in obj:  # optional: the load `tune` measured at (machine_load.summary); a bad one is dropped
+        why = load_problem(obj["load"])
+        if why:
+            del out["load"]
+            problems.append(f"'load' {why}; dropped")
     return out, problems
 
 

@@ -142,9 +142,12 @@ def section_selfcheck(device, ctx):
 
 def run_bench(device, quick, comfyui, json_path, log=print):
     """attention_core.bench at the preset in a child process (each case in its own process, as bench does);
-    its console lines go to `log`. Returns (command, exit status, last lines of output)."""
+    its console lines go to `log`. Returns (command, exit status, last lines of output). --force-busy: the report
+    is taken whatever else runs (the bench JSON records the load; the section names the load average), not
+    refused."""
     cmd = [sys.executable, "-m", "attention_core.bench", "--preset", PRESET, "--device", device, "--methods",
-           METHODS, "--json", json_path] + (["--heads", "2", "--quick"] if quick else ["--rounds", "3"])
+           METHODS, "--json", json_path, "--force-busy"] + (["--heads", "2", "--quick"] if quick else
+                                                             ["--rounds", "3"])
     if comfyui:
         cmd += ["--comfyui", comfyui]
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -168,7 +171,7 @@ def section_bench(device, ctx):
             data = json.load(f)
     info, rows = data["info"], data["results"]
     shown = " ".join(a if re.fullmatch(r"[\w.,:/=+-]+", a) else repr(a) for a in ["python"] + cmd[1:]
-                     if a not in ("--json", path))
+                     if a not in ("--json", path, "--force-busy"))
     out = [f"`{shown}`", "",
            f"{'quick: 2 of the 24 heads, one timed run' if quick else 'full size, median of 3 rounds'}; "
            f"{info['dtype']}, torch threads {info['threads']}, machine load {info['load_start']} at the start and "

@@ -12,6 +12,10 @@ keys-major, `layout_check`) and keeps the faster per dtype in the profile's "lay
 device name, arch and torch version, in ComfyUI's user directory (<user>/tiled-attention/) when this runs inside
 ComfyUI, else $TILED_ATTENTION_PROFILE_DIR, else ~/.cache/tiled-attention/.
 
+Every line a figure is on names the load it was timed at (other processes' runnable threads, "others", from
+attention_core.machine_load), and the profile records the run's ("load"). When other processes kept the machine
+busy (on average more than a quarter of the cores), the profile is not saved unless --force-busy.
+
 The planner asks `tuned_blocks(...)`: the profile's tile for the nearest tuned shape (same tier, dtype and head
 dim, key and head counts within 2x of the tuned ones), rows rescaled so the tile keeps its tuned number of scores at another key count, or None when there is no
 profile, TILED_ATTENTION_TUNE=off, or the tile would exceed the memory budget.
@@ -23,6 +27,7 @@ import statistics
 import sys
 import time
 
+from . import machine_load
 from .memory import ONLINE_BLOCK_KV, tile_budget, tile_for
 from .oom import is_oom, release_cached
 from .profiles import PROFILE_VERSION, _device_name, bytes_per_score, profile_path, save_profile, tuned_blocks_for
@@ -275,6 +280,9 @@ def main(argv=None) -> int:
     ap.add_argument("--layouts", type=cli_args.int_range(0, 1000), default=0, metavar="ROUNDS",
                     help="instead of tuning: time the chunked loop with queries-major vs keys-major scores over "
                          "this many interleaved rounds per shape and print the medians (nothing is saved)")
+    ap.add_argument(machine_load.FORCE_FLAG, action="store_true",
+                    help="save the profile even when other processes kept the machine busy while it measured (their "
+                         "runnable threads above a quarter of the cores on average); the profile records the load")
     a = ap.parse_args(argv)
     import torch
     device = a.device or cli_args.default_device()
@@ -286,18 +294,31 @@ def main(argv=None) -> int:
                 shapes.append((h, min(n, a.max_n), d))
     print(f"# {'layouts on' if a.layouts else 'tuning'} {device} ({' / '.join(_device_name(device))}), torch "
           f"{torch.__version__}, {torch.get_num_threads()} threads, dtypes {dtypes}, shapes {shapes}", flush=True)
+    monitor = machine_load.Monitor(force=a.force_busy)
+
+    def log(line):  # each line names the load since the line before: the figure it reports was timed in between
+        print(f"{line}   ({monitor.lap().text()})", flush=True)
+    with monitor:
+        monitor.lap()
+        if a.layouts:
+            for dtype in dtypes:
+                for heads, n, dim in shapes:
+                    layout_check(heads, n, dim, dtype, device, min(a.rows, n), a.layouts, log=log)
+        else:
+            prof = tune(device, dtypes, shapes, [t.strip() for t in a.tiers.split(",")], a.rows, a.repeats, log=log)
+    load = monitor.summary()
+    print(f"measured at: {machine_load.describe(load)}", flush=True)
     if a.layouts:
-        for dtype in dtypes:
-            for heads, n, dim in shapes:
-                layout_check(heads, n, dim, dtype, device, min(a.rows, n), a.layouts,
-                             log=lambda s: print(s, flush=True))
         return 0
-    prof = tune(device, dtypes, shapes, [t.strip() for t in a.tiers.split(",")], a.rows, a.repeats,
-                log=lambda s: print(s, flush=True))
     if not prof["entries"]:
         print(f"error: no shape could be tuned on {device} (every candidate tile failed; see the lines above): "
               "nothing saved; try --rows smaller, --max-n smaller or fewer --presets", file=sys.stderr)
         return 1
+    refused = machine_load.refusal(load, "the profile")
+    if refused:
+        print(f"error: {refused}", file=sys.stderr)
+        return 2
+    prof["load"] = load
     path = save_profile(prof, device, a.out)
     read = profile_path(device)
     if os.path.abspath(path) == os.path.abspath(read):

@@ -152,3 +152,81 @@ def test_help_sets_nothing_up(cmd, tmp_path):
     assert out.stdout.startswith("usage:"), out.stdout
     assert "[dev]" not in out.stderr, out.stderr  # nothing was set up
     assert not (tmp_path / "venv").exists()
+
+
+@pytest.fixture
+def tiny_server(tmp_path):
+    """A local HTTP server of a folder holding one file that is not a tarball (bad.tar.gz)."""
+    root = tmp_path / "www"
+    root.mkdir()
+    (root / "bad.tar.gz").write_bytes(b"<html>not a tarball</html>\n")
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(root)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_missing_url_names_the_http_status_not_the_network(tiny_server, tmp_path):
+    from tools import fetch_comfyui
+    with pytest.raises(fetch_comfyui.FetchError) as e:
+        fetch_comfyui.download(f"{tiny_server}/gone.tar.gz", str(tmp_path / "x.tar.gz"))
+    msg = str(e.value)
+    assert f"could not download {tiny_server}/gone.tar.gz: the server answered HTTP 404 " in msg
+    assert "Without network access" not in msg and "Check the URL" in msg
+    assert os.listdir(tmp_path) == ["www"]  # no partial file
+
+
+def test_a_bad_download_says_to_check_the_url_not_to_delete_it(tiny_server, tmp_path):
+    from tools import fetch_comfyui
+    manifest = tmp_path / "m.sha256"
+    manifest.write_text("")
+    url = f"{tiny_server}/bad.tar.gz"
+    with pytest.raises(fetch_comfyui.FetchError) as e:
+        fetch_comfyui.fetch(url, str(tmp_path / "dest"), str(manifest), keep=str(tmp_path / "kept.tar.gz"))
+    msg = str(e.value)
+    assert msg.startswith(f"what {url} sent is not a readable .tar.gz") and "Check the URL" in msg
+    assert "delete it" not in msg
+    assert sorted(os.listdir(tmp_path)) == ["m.sha256", "www"]  # nothing kept, nothing half-installed
+    with pytest.raises(fetch_comfyui.FetchError) as e:  # a file on disk: deleting it is the advice
+        fetch_comfyui.fetch(str(tmp_path / "www" / "bad.tar.gz"), str(tmp_path / "dest"), str(manifest))
+    assert "delete it or point at a good copy" in str(e.value)
+
+
+def fake_venv(tmp_path):
+    """A venv ./dev takes as set up (its requirements stamp matches) whose python prints what it was told."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    shutil.copy(os.path.join(ROOT, "tests", "requirements-test.txt"), venv / ".requirements-test.txt")
+    py = venv / "bin" / "python"
+    py.write_text('#!/bin/sh\necho "caller=$TILED_ATTENTION_CALLER_CWD mpl=$MPLCONFIGDIR args=$*"\n')
+    py.chmod(0o755)
+    comfy = tmp_path / "comfy"
+    (comfy / "comfy").mkdir(parents=True)
+    (comfy / "comfy" / "model_management.py").write_text("")
+    return venv, comfy
+
+
+@pytest.mark.parametrize("cmd,module", [("demo", "tools.demo"), ("bench", "attention_core.bench")])
+def test_demo_and_bench_read_relative_paths_from_the_callers_folder(cmd, module, tmp_path):
+    """./dev moves into the clone; the demo and the benchmark are told where the user was (their --out-dir,
+    --json, ... are relative to it), and matplotlib's files go to the clone's .cache/, not the home folder."""
+    venv, comfy = fake_venv(tmp_path)
+    here = tmp_path / "my folder"
+    here.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("MPLCONFIGDIR", "TILED_ATTENTION_CALLER_CWD")}
+    env.update(VENV=str(venv), COMFYUI_LATEST_PATH=str(comfy), PYTHONDONTWRITEBYTECODE="1")
+    out = subprocess.run([os.path.join(ROOT, "dev"), cmd, "--out-dir", "out"], capture_output=True, text=True,
+                         env=env, cwd=here, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == (f"caller={here} mpl={os.path.join(ROOT, '.cache', 'matplotlib')} "
+                                  f"args=-m {module} --out-dir out")
+    # --help (no set-up) is told the same
+    env["PYTHON"] = str(venv / "bin" / "python")
+    out = subprocess.run([os.path.join(ROOT, "dev"), cmd, "--help"], capture_output=True, text=True, env=env,
+                         cwd=here, timeout=60)
+    assert out.stdout.startswith(f"caller={here} "), out.stdout

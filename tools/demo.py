@@ -15,7 +15,13 @@ configurations run in rounds, interleaved (each round runs every configuration o
 demo-only custom node stamps the time of every sampling step: the time per step is the median of all steps but
 each run's first (which carries one-off work, shown apart), memory the median of the runs' peaks; the first
 round also decodes, and its frames are compared with sub-quadratic's of the same seed. When other processes load
-the machine, the summary says so instead of a speed ratio.
+the machine (before it starts, or while it measures: attention_core.machine_load), the summary says so instead of
+a speed ratio.
+
+Nothing is written outside the clone: the servers' files go to --workdir (.cache/demo), matplotlib's cache and
+config to .cache/matplotlib (MPLCONFIGDIR, unless set), the chart and results to --out-dir. Relative paths given to
+--out-dir, --chart, --json, --workdir and --models are relative to the folder the demo was called from (./dev
+passes it in $TILED_ATTENTION_CALLER_CWD).
 """
 import argparse
 import json
@@ -136,6 +142,10 @@ def parse_args(argv=None):
     ap.add_argument("--json", default=None, help="results JSON path (default: <out-dir>/demo.json)")
     ap.add_argument("--report-only", action="store_true", help="re-print the table and chart of <workdir>/runs.json")
     a = ap.parse_args(argv)
+    from attention_core.cli_args import caller_path  # here: --help must not import torch (attention_core does)
+    for name in ("out_dir", "chart", "json", "workdir", "models"):  # as the caller meant them, not from the clone
+        if getattr(a, name):
+            setattr(a, name, caller_path(getattr(a, name)))
     if a.size and not re.fullmatch(r"\d+x\d+x\d+", a.size):
         ap.error(f"--size must look like 832x480x41, got {a.size!r}")
     if a.size and a.preset:
@@ -189,28 +199,11 @@ class Peak:
         self.peak = max(self.peak, self._vram() if self.gpu else self._status("VmHWM"))
 
 
-def others_runnable(pids):
-    """Threads of other processes runnable right now: the kernel's running count (/proc/loadavg) less this process
-    (reading it) and the servers' running threads; None where /proc is not there (not Linux)."""
-    try:
-        with open("/proc/loadavg") as f:
-            running = int(f.read().split()[3].split("/")[0])
-        ours = 0
-        for pid in pids:
-            for tid in os.listdir(f"/proc/{pid}/task"):
-                try:
-                    with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                        ours += f.read().rsplit(")", 1)[1].split()[0] == "R"
-                except OSError:  # the thread ended meanwhile
-                    pass
-        return max(0, running - 1 - ours)
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def run(server, prompt, label, peak, pids=()):
+def run(server, prompt, label, peak):
     """Queue a prompt and wait; (wall seconds, first step seconds, later steps' seconds, peak bytes, growth bytes,
-    history entry, samples of other processes' runnable threads)."""
+    history entry, samples of other processes' runnable threads: machine_load.others_runnable, which leaves out
+    this process and its children, the servers)."""
+    from attention_core import machine_load
     peak.reset()
     start = time.time()
     log_start = len(server.log())
@@ -219,7 +212,7 @@ def run(server, prompt, label, peak, pids=()):
     while True:
         hist = server.get(f"/history/{pid}")
         peak.sample()
-        n = others_runnable(pids)
+        n = machine_load.others_runnable()
         if n is not None:
             others.append(n)
         if pid in hist and hist[pid].get("status", {}).get("completed") is not None:
@@ -322,40 +315,60 @@ def configure(prompt, prefix, size, frames, steps, seed, patch, ffn, mode, ffn_c
     return p
 
 
-STEP_TITLE = "time per sampling step (s): median of the steps\nafter each run's first (one-off work, shown in brackets)"
+STEP_TITLE = ("time per sampling step (s): median of the steps\nafter each run's first (one-off work, its time "
+              "written beside the bar)")
+# the frame-difference panel spans at least this much: a difference of a few 255ths is invisible in a frame and
+# must look small, not fill the panel
+FRAME_DIFF_FLOOR = 8 / 255
+
+
+def chart_panels(results, what, step_title=STEP_TITLE):
+    """What chart() draws, as data: (bar labels, [(values, panel title, label formats, x-axis end)] for the peak
+    memory, step time and frame-difference panels). A label names the configuration, then its role on a second
+    line; the frame-difference axis ends at 1.35x the largest difference but never below FRAME_DIFF_FLOOR."""
+    roles = {"default": "ComfyUI's default here", "recommended": "the pack, recommended"}
+    labels = [r["label"] + (f"\n{roles[r['role']]}" if r["role"] in roles else "") for r in results]
+    steps = [r["step_s"] or 0 for r in results]
+    firsts = [f"  (first step {r['first_s']:.0f} s)" if r.get("first_s") is not None else "" for r in results]
+    step_fmts = ["{:.1f} s" + f if r["step_s"] is not None else "no later step" + f for r, f in zip(results, firsts)]
+    peaks = [r["peak_gb"] for r in results]
+    diffs = [r["max_diff"] if r["max_diff"] is not None else 0 for r in results]
+    return labels, [
+        (peaks, f"peak {what} (GB)", ["{:.2f} GB"] * len(results), (max(peaks) or 1) * 1.35),
+        (steps, step_title, step_fmts, (max(steps) or 1) * 1.9),
+        (diffs, "max |decoded frame difference| vs sub-quadratic's\n(8-bit frames scaled to 0-1: 1/255 = 0.0039; "
+                "the axis spans at least 8/255)",
+         ["the reference" if r["role"] == "default" else "not compared" if r["max_diff"] is None else
+          "0: identical" if r["max_diff"] == 0 else f"{max(1, round(r['max_diff'] * 255))}/255" for r in results],
+         max(max(diffs) * 1.35, FRAME_DIFF_FLOOR))]
+
+
+def use_clone_for_matplotlib():
+    """matplotlib's cache and config in the clone's .cache/matplotlib, not ~/.cache and ~/.config (unless
+    MPLCONFIGDIR is set): main() calls it first, before matplotlib is imported, and the servers inherit it."""
+    os.environ.setdefault("MPLCONFIGDIR", os.path.join(ROOT, ".cache", "matplotlib"))
 
 
 def chart(results, path, title, what, step_title=STEP_TITLE, busy=None):
     """Three panels a user reads at a glance, every bar under its configuration's name: peak memory, seconds per
     step (median of the later steps; the first step, with its one-off work, written beside it) and the largest
-    frame difference from the default configuration; the headline is the title. `busy`: the step panel says the
-    times are unreliable."""
+    frame difference from the default configuration (chart_panels); the headline is the title. `busy`: the step
+    panel says the times are unreliable."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    names = {"default": " (ComfyUI's default here)", "recommended": " (the pack, recommended)"}
-    labels = [r["label"] + names.get(r["role"], "") for r in results]
+    labels, panels = chart_panels(results, what, step_title)
     colors = {"default": "#616161", "math": "#9e9e9e", "recommended": "#1e88e5", "ffn": "#0d47a1"}
     bar_colors = [colors.get(r["role"], "#9e9e9e") for r in results]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
-    steps = [r["step_s"] or 0 for r in results]
-    firsts = [f"  (first step {r['first_s']:.0f} s)" if r.get("first_s") is not None else "" for r in results]
-    step_fmts = ["{:.1f} s" + f if r["step_s"] is not None else "no later step" + f for r, f in zip(results, firsts)]
-    panels = ((axes[0], [r["peak_gb"] for r in results], f"peak {what} (GB)", ["{:.2f} GB"] * len(results)),
-              (axes[1], steps, step_title, step_fmts),
-              (axes[2], [r["max_diff"] if r["max_diff"] is not None else 0 for r in results],
-               "max |decoded frame difference| vs sub-quadratic's\n(8-bit frames scaled to 0-1: 1/255 = 0.0039)",
-               ["the reference" if r["role"] == "default" else "not compared" if r["max_diff"] is None else
-                "0: identical" if r["max_diff"] == 0 else
-                f"{max(1, round(r['max_diff'] * 255))}/255" for r in results]))
-    for ax, vals, name, fmts in panels:
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
+    for ax, (vals, name, fmts, end) in zip(axes, panels):
         bars = ax.barh(labels, vals, color=bar_colors)
         ax.invert_yaxis()
         ax.set_title(name, fontsize=10)
         ax.tick_params(labelsize=9)
         for b, v, fmt in zip(bars, vals, fmts):
             ax.text(b.get_width(), b.get_y() + b.get_height() / 2, " " + fmt.format(v), va="center", fontsize=9)
-        ax.set_xlim(0, (max(vals) or (1 / 255 if ax is axes[2] else 1)) * (1.9 if ax is axes[1] else 1.35))
+        ax.set_xlim(0, end)
     if busy:
         axes[1].set_title(axes[1].get_title() + "\nMACHINE BUSY: times unreliable", fontsize=10, color="#c62828")
     for ax in axes[1:]:
@@ -408,7 +421,7 @@ def report(meta, runs, a):
     busy = busy_reason(meta["cores"], meta.get("load_before"), others)
     model = "Wan 2.2 5B" if meta["real"] else f"Wan 2.2 5B at real width ({meta['blocks']} block{'s' * (meta['blocks'] > 1)})"
     where = "GPU" if meta["gpu"] else f"CPU, {meta['cores']} cores"
-    lines = headline(results, f"{model}, {where}", meta["tokens"], busy)
+    lines = headline(results, f"{model}, {where}", meta["tokens"], busy, gpu=meta["gpu"])
     if not lines:
         print("(the sub-quadratic run or the Patch Attention run is missing: no summary)")
         return results
@@ -430,11 +443,13 @@ def report(meta, runs, a):
 
 def main(argv=None):
     a = parse_args(argv)
+    use_clone_for_matplotlib()
     if a.report_only:
         with open(os.path.join(a.workdir, "runs.json")) as f:
             saved = json.load(f)
         report(saved["meta"], saved["runs"], a)
         return 0
+    from attention_core import machine_load
     wall_start = time.time()
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     cores = os.cpu_count() or 1
@@ -491,7 +506,6 @@ def main(argv=None):
     try:
         say(f"starting {len(servers)} ComfyUI server(s) from {comfy_path(LATEST)} (logs: {a.workdir}/*/server.log)")
         start_all(servers.values())
-        pids = [s.proc.pid for s in servers.values()]
         with open(WORKFLOW) as f:
             prompt = workflow_api().workflow_to_prompt(json.load(f), servers["subquad"].get("/object_info"))
         peaks = {name: Peak(s, gpu) for name, s in servers.items()}
@@ -508,7 +522,7 @@ def main(argv=None):
                 p = configure(prompt, f"demo/r{rep}-{configs.index(cfg)}", (width, height), frames, a.steps, seed,
                               patch, ffn, mode, a.ffn_chunks, decode=rep == 0)
                 say(f"round {rep + 1}/{a.repeats}: {label}")
-                secs, first, later, peak, growth, entry, others = run(servers[srv], p, label, peaks[srv], pids)
+                secs, first, later, peak, growth, entry, others = run(servers[srv], p, label, peaks[srv])
                 pngs = [x for x in output_files(servers[srv].base, entry, (".png",))]
                 runs.append(dict(label=label, rep=rep, secs=secs, first_step=first, later_steps=later, peak=peak,
                                  growth=growth, others=others, pngs=sorted(pngs)))
@@ -516,7 +530,9 @@ def main(argv=None):
                 steps = ", ".join(f"{x:.1f}" for x in later)
                 say(f"  {secs:.0f} s; steps: first {first if first is not None else float('nan'):.1f} s, then "
                     f"{steps or '-'} s; peak {peak / 2**30:.2f} GB ({growth / 2**30:+.2f} GB)"
-                    + (f"; other processes' runnable threads {statistics.fmean(others):.1f}" if others else ""))
+                    + (f"; other processes' runnable threads {statistics.fmean(others):.1f}" if others else "")
+                    + (f", above {machine_load.threshold(cores):g}: the machine is busy" if others and
+                       statistics.fmean(others) > machine_load.threshold(cores) else ""))
         attn_lines = {name: next((re.sub(r"\x1b\[[0-9;]*m", "", ln).strip() for ln in s.log().splitlines()
                                   if "Using " in ln and "attention" in ln), "") for name, s in servers.items()}
         patched_ran = "tiled attention" in servers["subquad"].log().lower()

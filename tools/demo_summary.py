@@ -4,10 +4,12 @@ headline and table a user reads.
 
 Contract: the headline always compares the pack's recommended configuration (role "recommended": Patch Attention,
 FFN Chunking left to free memory) with ComfyUI's default on the GPUs this pack is for (role "default": its
-sub-quadratic attention), whatever the other configurations measured; every figure in it names its configuration;
-a frame difference is always said of the configuration that has it; a busy machine replaces the speed ratio by a
-warning. Per-step time is the median of the steps after each run's first one (the first carries one-off work:
-moving the model, FFN Chunking's exactness check, first-call planning); the first step is reported apart.
+sub-quadratic attention, which is also ComfyUI's default on the CPU), whatever the other configurations measured;
+every figure in it names its configuration; memory is compared both ways it was measured (the server's whole peak
+and its growth during the prompt); a frame difference is always said of the configuration that has it; a busy
+machine (busy_reason: before or while it measured) replaces the speed ratio by a warning. Per-step time is the
+median of the steps after each run's first one (the first carries one-off work: moving the model, FFN Chunking's
+exactness check, first-call planning); the first step is reported apart.
 """
 import re
 import statistics
@@ -34,20 +36,27 @@ def step_times(log_text):
 
 
 def busy_reason(cores, load_before=None, others_during=()):
-    """Why the machine was too busy for a time comparison, or None when it was quiet enough.
+    """Why the machine was too busy for a time comparison, or None when it was quiet enough; every reason that
+    holds is named (joined by '; ').
 
     load_before: os.getloadavg()[0] before the demo started anything (busy when above the core count).
-    others_during: samples of how many threads of *other* processes were runnable while a configuration was
-    measured (the 1-minute load average cannot tell them from the demo's own server, which keeps every core busy);
-    busy when they averaged more than a quarter of the cores, i.e. took a visible share of the CPU from the server.
+    others_during: samples of how many threads of *other* processes were runnable while the configurations were
+    measured (attention_core.machine_load.others_runnable: the 1-minute load average cannot tell them from the
+    demo's own servers, which keep every core busy); busy when they averaged more than a quarter of the cores
+    (machine_load.threshold, the rule bench, tune and calibrate refuse to save by), i.e. took a visible share of
+    the CPU from the server.
     """
+    from attention_core import machine_load  # not at the top: ./dev demo --help must not import torch
+    reasons = []
     if load_before is not None and load_before > cores:
-        return f"load {load_before:.1f} on {cores} cores before the demo started"
-    if others_during:
-        mean = statistics.fmean(others_during)
-        if mean > cores / 4:
-            return f"other processes kept {mean:.1f} of {cores} cores busy while it measured"
-    return None
+        reasons.append(f"load average {load_before:.1f} on {cores} cores before the demo started")
+    known = [x for x in others_during if x is not None]
+    if known:
+        mean, limit = statistics.fmean(known), machine_load.threshold(cores)
+        if mean > limit:
+            reasons.append(f"other processes kept {mean:.1f} threads runnable on average (max {max(known)}) on "
+                           f"{cores} cores while it measured, above {limit:g} (a quarter of the cores)")
+    return "; ".join(reasons) or None
 
 
 def summarize(configs, runs, diffs=None):
@@ -94,33 +103,43 @@ def _ratio(ours, theirs, more, less, same):
     return f"{r:.1f}x {more}" if r > 1 else f"{1 / r:.1f}x {less}"
 
 
+def _mem(r):
+    growth = f" (+{r['growth_gb']:.1f} GB during the prompt)" if r.get("growth_gb") is not None else ""
+    return f"{r['peak_gb']:.1f} GB peak{growth}"
+
+
 def _step(r):
     return f"{r['step_s']:.1f} s/step" if r.get("step_s") is not None else "? s/step"
 
 
-def headline(results, model, tokens, busy=None):
+def headline(results, model, tokens, busy=None, gpu=True):
     """The chart's title and the printed summary: [the comparison of the recommended configuration with the
     default in words, the two configurations' figures, the other configurations' figures]. `busy`: busy_reason()'s
-    verdict. [] when either of the two compared configurations did not run."""
+    verdict; `gpu`: the demo ran on a GPU (else the CPU: the default is named as the CPU's). [] when either of the
+    two compared configurations did not run."""
     by = {r["role"]: r for r in results}
     ours, base = by.get("recommended"), by.get("default")
     if not (ours and base):
         return []
     ref = base["label"]
-    mem = _ratio(ours["peak_gb"], base["peak_gb"], "less memory", "more memory", "about the same memory")
+    mem = (_ratio(ours["peak_gb"], base["peak_gb"], "less peak memory", "more peak memory",
+                  "about the same peak memory") + " (the whole server) and "
+           + _ratio(ours.get("growth_gb"), base.get("growth_gb"), "less", "more", "about the same")
+           + " growth during the prompt")
+    default = ("ComfyUI's default on these GPUs" if gpu else
+               "ComfyUI's default on the CPU (and on the GPUs this pack is for)")
     if busy:
         speed = f"speed not compared: machine busy, {busy}"
     else:
         speed = _ratio(ours.get("step_s"), base.get("step_s"), "faster", "slower", "about the same speed")
-    lines = [f"{model}, {tokens:,} tokens. The pack's recommended setting, {ours['label']}, vs ComfyUI's default "
-             f"on these GPUs, {ref}: {mem}, {speed}; frames {frames_phrase(ours.get('max_diff'), ref)}.",
-             f"{ours['label']}: {ours['peak_gb']:.1f} GB peak, {_step(ours)}. {ref}: {base['peak_gb']:.1f} GB peak, "
-             f"{_step(base)}."]
+    lines = [f"{model}, {tokens:,} tokens. The pack's recommended setting, {ours['label']}, vs {default}, {ref}: "
+             f"{mem}, {speed}; frames {frames_phrase(ours.get('max_diff'), ref)}.",
+             f"{ours['label']}: {_mem(ours)}, {_step(ours)}. {ref}: {_mem(base)}, {_step(base)}."]
     others = []
     for r in results:
         if r["role"] in ("recommended", "default"):
             continue
-        text = f"{r['label']}: {r['peak_gb']:.1f} GB peak, "
+        text = f"{r['label']}: {_mem(r)}, "
         if r.get("step_s") is None and r.get("first_s") is not None:
             text += f"only a first step timed ({r['first_s']:.0f} s, with one-off work)"
         else:

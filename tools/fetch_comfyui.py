@@ -69,6 +69,11 @@ def download(url: str, target: str) -> None:
     try:
         with urllib.request.urlopen(url, timeout=60) as response, open(partial, "wb") as out:
             shutil.copyfileobj(response, out, 1 << 20)
+    except urllib.error.HTTPError as e:  # the server answered: the address is wrong, not the network
+        _remove(partial)
+        raise FetchError(f"could not download {url}: the server answered HTTP {e.code} {e.reason}. Check the URL, or "
+                         f"set {URL_ENV} to another copy of ComfyUI-0.33.0.tar.gz (a file:// URL works), or "
+                         f"{SHARED_ENV} to a folder holding comfyui/ComfyUI-0.33.0.tar.gz") from None
     except (urllib.error.URLError, OSError, ValueError) as e:
         _remove(partial)
         reason = getattr(e, "reason", None) or e
@@ -97,7 +102,8 @@ def _members(tar: tarfile.TarFile, source: str):
 
 
 def unpack(tarball: str, dest: str, source: str) -> None:
-    """The tarball's files, without its top folder, into dest (which must not exist)."""
+    """The tarball's files, without its top folder, into dest (which must not exist); `source`: the path or URL
+    the tarball came from, which the error names (a file to delete, a URL to check)."""
     try:
         with tarfile.open(tarball) as tar:
             os.makedirs(dest)
@@ -113,6 +119,10 @@ def unpack(tarball: str, dest: str, source: str) -> None:
                     shutil.copyfileobj(src, out, 1 << 20)
                 os.chmod(target, 0o755 if m.mode & 0o111 else 0o644)
     except (tarfile.TarError, EOFError, OSError) as e:
+        if is_url(source):
+            raise FetchError(f"what {source} sent is not a readable .tar.gz ({e}); nothing was kept. Check the URL "
+                             f"(it must be a ComfyUI 0.33.0 release tarball), or set {URL_ENV} / {SHARED_ENV} to "
+                             "a good copy") from None
         raise FetchError(f"{source} is not a readable .tar.gz ({e}); delete it or point at a good copy") from None
 
 

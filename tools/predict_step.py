@@ -9,9 +9,13 @@ each attention: this pack's (attention_core, tier auto, q/k/v in ComfyUI's layou
 ComfyUI's sub-quadratic (comfy.ldm.modules.attention.attention_sub_quad). The time of the first k blocks is the
 step time of a k-block model (the demo's `--blocks k`, without its embedding and head). The prediction comes from a
 calibration made in the same process just before (or `--calibration FILE`), so both see the same machine load.
+Each measured figure names the load it ran at (other processes' runnable threads, "others": attention_core.
+machine_load); --log is not written when other processes kept the machine busy (on average more than a quarter of
+the cores) unless --force-busy, and the logged table then says so.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -21,7 +25,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from attention_core import calibrate, calibration, cli_args, estimate, plan
+from attention_core import calibrate, calibration, cli_args, estimate, machine_load, plan
 
 
 class WanBlock(torch.nn.Module):
@@ -63,20 +67,22 @@ def pack_attention(q, k, v, heads):
     return scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, c)
 
 
-def measure(blocks, tokens, attention, device, text=512, batch=2):
-    """Seconds of each block's forward (one step of a `batch`-item CFG pass)."""
+def measure(blocks, tokens, attention, device, text=512, batch=2, monitor=None, name=None):
+    """Seconds of each block's forward (one step of a `batch`-item CFG pass); with a machine_load.Monitor, each
+    block runs in its span (name, block index)."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(batch, tokens, 3072, generator=g).to(device)
     ctx = torch.randn(batch, text, 3072, generator=g).to(device)
     e = torch.randn(batch, 6, 3072, generator=g).to(device) * 0.1
     times = []
     with torch.no_grad():
-        for blk in blocks:
-            t0 = time.perf_counter()
-            x = blk(x, ctx, e, attention)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times.append(time.perf_counter() - t0)
+        for i, blk in enumerate(blocks):
+            with monitor.span((name, i)) if monitor is not None else contextlib.nullcontext():
+                t0 = time.perf_counter()
+                x = blk(x, ctx, e, attention)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                times.append(time.perf_counter() - t0)
     return times
 
 
@@ -95,6 +101,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=cli_args.int_range(1, 100), default=2,
                     help="calibration runs per shape after a warm-up (best kept)")
     ap.add_argument("--log", type=cli_args.output_file, default=None, help="append the table (markdown) to this file")
+    ap.add_argument(machine_load.FORCE_FLAG, action="store_true",
+                    help="append to --log even when other processes kept the machine busy while it measured (their "
+                         "runnable threads above a quarter of the cores on average); the table says so")
     a = ap.parse_args(argv)
     methods = a.methods.split(",")
     from attention_core.bench import _comfy_attention, default_comfyui
@@ -104,39 +113,54 @@ def main(argv=None) -> int:
     device = torch.device(a.device)
     load0 = os.getloadavg()
     t0 = time.perf_counter()
+    monitor = machine_load.Monitor(force=a.force_busy)
     if a.calibration:
         calib = calibration.load(a.calibration)
         if calib is None:
             cli_args.fail(ap, "--calibration", f"{a.calibration!r} is not a valid calibration file (make one with "
                           "python -m attention_core.calibrate)")
-    else:
-        calib = calibrate.measure(a.device, "fp32", "wan22-5b", comfyui=comfyui if "subquad" in methods else None,
-                                  repeats=a.repeats)
-    cal_s = time.perf_counter() - t0
-    torch.manual_seed(0)
-    blocks = [WanBlock().to(device) for _ in range(a.blocks)]
-    attn = {"pack": pack_attention}
-    if "subquad" in methods:
-        attn["subquad"] = _comfy_attention(comfyui, "comfy-subquad")
-    spec = plan.MODELS["wan22-5b"]
-    rows = []
-    measured = {m: measure(blocks, a.tokens, attn[m], device, batch=a.batch) for m in methods}
+    with monitor:
+        if not a.calibration:
+            calib = calibrate.measure(a.device, "fp32", "wan22-5b",
+                                      comfyui=comfyui if "subquad" in methods else None, repeats=a.repeats,
+                                      monitor=monitor)
+        cal_s = time.perf_counter() - t0
+        torch.manual_seed(0)
+        blocks = [WanBlock().to(device) for _ in range(a.blocks)]
+        attn = {"pack": pack_attention}
+        if "subquad" in methods:
+            attn["subquad"] = _comfy_attention(comfyui, "comfy-subquad")
+        spec = plan.MODELS["wan22-5b"]
+        rows = []
+        measured = {m: measure(blocks, a.tokens, attn[m], device, batch=a.batch, monitor=monitor, name=m)
+                    for m in methods}
     load1 = os.getloadavg()
+    load = monitor.summary()
     for k in range(1, a.blocks + 1):
         for m in methods:
             pred = estimate.step_time(spec, a.tokens, calib, m, batch=a.batch, blocks=k)
             meas = sum(measured[m][:k])
-            rows.append((k, m, pred["total"], pred["attention"], meas, pred["total"] / meas - 1))
+            spans = [monitor.figures[(m, i)] for i in range(k)]
+            readings = [x for sp in spans for x in sp.samples if x is not None]
+            others = machine_load.figure_text(sum(readings) / len(readings) if readings else None,
+                                              max(readings) if readings else None)
+            rows.append((k, m, pred["total"], pred["attention"], meas, pred["total"] / meas - 1, others))
     head = (f"real-width Wan 2.2 5B blocks, {a.tokens:,} tokens, batch {a.batch}{' (CFG)' if a.batch == 2 else ''}, fp32, {calib['device']}, torch "
             f"{torch.__version__}, {torch.get_num_threads()} threads, "
             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}; calibration {calib['date']} "
-            f"({cal_s:.0f} s); load average {load0[0]:.1f} before, {load1[0]:.1f} after")
-    lines = [head, "", "| blocks | attention | predicted s/step (attention) | measured s/step | predicted / measured - 1 |",
-             "|---|---|---|---|---|"]
-    for k, m, p, pa, me, err in rows:
-        lines.append(f"| {k} | {estimate.METHODS[m]} | {p:.1f} ({pa:.1f}) | {me:.1f} | {err:+.0%} |")
+            f"({cal_s:.0f} s); load average {load0[0]:.1f} before, {load1[0]:.1f} after; measured at: "
+            f"{machine_load.describe(load)}"
+            + ("; MACHINE BUSY, logged anyway (--force-busy)" if load["forced"] else ""))
+    lines = [head, "", "| blocks | attention | predicted s/step (attention) | measured s/step | predicted / measured "
+             "- 1 | other processes' runnable threads |", "|---|---|---|---|---|---|"]
+    for k, m, p, pa, me, err, others in rows:
+        lines.append(f"| {k} | {estimate.METHODS[m]} | {p:.1f} ({pa:.1f}) | {me:.1f} | {err:+.0%} | {others} |")
     text = "\n".join(lines)
     print(text)
+    refused = machine_load.refusal(load, f"--log {a.log}") if a.log else None
+    if refused:
+        print(f"error: {refused}", file=sys.stderr)
+        return 2
     if a.log:
         with open(a.log, "a") as f:
             f.write(text + "\n\n")

@@ -90,3 +90,65 @@ def test_a_second_run_reuses_the_model_files_it_wrote(tmp_path):
     (models / "real-width-1-blocks").touch()  # what the first run leaves
     assert write_models(str(models), argparse.Namespace(models=None, blocks=1)) is None
     assert sorted(os.listdir(models)) == ["real-width-1-blocks"]
+
+
+def test_relative_output_paths_are_read_from_the_callers_folder(tmp_path, monkeypatch):
+    """./dev demo runs from the clone and passes the caller's folder: --out-dir (and --chart, --json, --workdir,
+    --models) given relative mean relative to where the user was; absolute ones are kept."""
+    from tools.demo import parse_args
+    monkeypatch.setenv("TILED_ATTENTION_CALLER_CWD", str(tmp_path))
+    a = parse_args(["--chart", "c.png", "--workdir", "/abs/work"])
+    assert a.out_dir == str(tmp_path / "demo-output") and a.chart == str(tmp_path / "c.png")
+    assert a.workdir == "/abs/work" and a.json is None and a.models is None
+    monkeypatch.delenv("TILED_ATTENTION_CALLER_CWD")
+    assert parse_args(["--out-dir", "o"]).out_dir == "o"  # run directly: relative to the current folder
+
+
+def results(diffs=(0.0, 1 / 255, 1 / 255)):
+    rows = [("ComfyUI sub-quadratic", "default", 13.9), ("Patch Attention (chunked)", "recommended", 13.6),
+            ("Patch Attention + FFN Chunking (4 chunks)", "ffn", 15.1)]
+    return [dict(label=label, role=role, step_s=step, first_s=step + 1, peak_gb=3.0, growth_gb=1.0, max_diff=d)
+            for (label, role, step), d in zip(rows, diffs)]
+
+
+def test_chart_frame_difference_axis_has_a_floor_and_labels_have_no_doubled_parentheses():
+    from tools.demo import FRAME_DIFF_FLOOR, chart_panels
+    labels, panels = chart_panels(results(), "RSS of the server")
+    assert FRAME_DIFF_FLOOR == 8 / 255
+    diffs, title, fmts, end = panels[2]
+    assert end == FRAME_DIFF_FLOOR and fmts == ["the reference", "1/255", "1/255"]  # two 1/255 bars: a sliver each
+    assert chart_panels(results((0.0, 0.1, 0.0)), "x")[1][2][3] == pytest.approx(0.135)  # large ones: 1.35x
+    assert labels == ["ComfyUI sub-quadratic\nComfyUI's default here", "Patch Attention (chunked)\nthe pack, "
+                      "recommended", "Patch Attention + FFN Chunking (4 chunks)"]
+    assert not any("((" in x or "))" in x or ") (" in x for x in labels)
+    steps, step_title, step_fmts, _ = panels[1]
+    assert "bracket" not in step_title and step_fmts[0] == "{:.1f} s  (first step 15 s)"  # what the title says
+
+
+def test_report_only_writes_its_chart_where_asked_and_nothing_in_the_home_folder(tmp_path):
+    """The demo's report (the same code as after a run) from a saved runs.json, in a real process with an empty
+    home folder: the chart and the JSON land in --out-dir relative to the caller's folder, matplotlib's files in
+    the clone's .cache/matplotlib, nothing in ~/.cache or ~/.config; a CPU run names the CPU's default."""
+    import json
+    work, home, caller = tmp_path / "work", tmp_path / "home", tmp_path / "caller"
+    for d in (work, home, caller):
+        d.mkdir()
+    configs = [["ComfyUI sub-quadratic", "default"], ["Patch Attention (chunked)", "recommended"]]
+    runs = [dict(label=label, rep=0, secs=60.0, first_step=14.0, later_steps=[13.0, 13.5], peak=peak * 2**30,
+                 growth=growth * 2**30, others=[0, 0], pngs=[])
+            for label, peak, growth in (("ComfyUI sub-quadratic", 4.77, 2.47), ("Patch Attention (chunked)", 3.09,
+                                                                                 0.69))]
+    meta = dict(tokens=2340, size=[832, 480, 21], preset=None, blocks=1, steps=3, repeats=1, mode="chunked",
+                gpu=False, configs=configs, real=False, cores=2, load_before=0.5)
+    (work / "runs.json").write_text(json.dumps({"meta": meta, "runs": runs}))
+    env = {k: v for k, v in os.environ.items() if k not in ("MPLCONFIGDIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME")}
+    env.update(HOME=str(home), TILED_ATTENTION_CALLER_CWD=str(caller))
+    p = subprocess.run([sys.executable, "-m", "tools.demo", "--report-only", "--workdir", str(work), "--out-dir",
+                        "out"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert (caller / "out" / "demo.png").stat().st_size > 0
+    saved = json.loads((caller / "out" / "demo.json").read_text())
+    assert "vs ComfyUI's default on the CPU (and on the GPUs this pack is for)" in saved["headline"][0]
+    assert "1.5x less peak memory (the whole server) and 3.6x less growth during the prompt" in saved["headline"][0]
+    assert os.listdir(home) == []
+    assert os.path.isdir(os.path.join(ROOT, ".cache", "matplotlib"))

@@ -11,9 +11,9 @@ CONFIGS = [("ComfyUI sub-quadratic", "default"), ("math SDPA", "math"),
 GB = 2**30
 
 
-def run(label, rep, first, later, peak_gb, secs=100.0):
+def run(label, rep, first, later, peak_gb, secs=100.0, growth_gb=None):
     return dict(label=label, rep=rep, secs=secs, first_step=first, later_steps=later, peak=peak_gb * GB,
-                growth=peak_gb / 2 * GB, others=[0])
+                growth=(peak_gb / 2 if growth_gb is None else growth_gb) * GB, others=[0])
 
 
 def measured():
@@ -60,23 +60,37 @@ def test_headline_compares_the_recommended_configuration_with_comfyui_default_no
     top = lines[0]
     assert "The pack's recommended setting, Patch Attention (chunked), vs ComfyUI's default on these GPUs, " \
            "ComfyUI sub-quadratic" in top
-    assert "2.6x less memory" in top            # 9.2 / 3.5
+    assert "2.6x less peak memory (the whole server) and 2.6x less growth during the prompt" in top  # 9.2 / 3.5
     assert "1.4x faster" in top                 # 34.5 / 24.5
     assert "frames identical to ComfyUI sub-quadratic's" in top
     # the slowest configurations and math SDPA's frame difference are not in the comparison
     assert "FFN" not in top and "math" not in top and "1/255" not in top and "137" not in top
-    assert lines[1] == "Patch Attention (chunked): 3.5 GB peak, 24.5 s/step. ComfyUI sub-quadratic: 9.2 GB peak, " \
-                       "34.5 s/step."
+    assert lines[1] == "Patch Attention (chunked): 3.5 GB peak (+1.8 GB during the prompt), 24.5 s/step. ComfyUI " \
+                       "sub-quadratic: 9.2 GB peak (+4.6 GB during the prompt), 34.5 s/step."
+
+
+def test_memory_is_compared_as_the_whole_server_peak_and_as_the_growth_during_the_prompt():
+    """The newcomer's run: 1.6x less at the server's peak, but 3.6x less growth: the headline says both."""
+    runs = [run("ComfyUI sub-quadratic", 0, 14.7, [13.9], 4.77, growth_gb=2.47),
+            run("Patch Attention (chunked)", 0, 13.3, [13.6], 3.09, growth_gb=0.69)]
+    top = headline(summarize(CONFIGS, runs), "m", 2340, gpu=False)[0]
+    assert "1.5x less peak memory (the whole server) and 3.6x less growth during the prompt" in top
+
+
+def test_on_the_cpu_the_default_is_named_as_the_cpu_default():
+    top = headline(measured(), "Wan 2.2 5B at real width (1 block), CPU, 2 cores", 4290, gpu=False)[0]
+    assert "vs ComfyUI's default on the CPU (and on the GPUs this pack is for), ComfyUI sub-quadratic:" in top
+    assert "default on these GPUs" not in top
 
 
 def test_each_other_figure_names_its_configuration_and_math_owns_its_frame_difference():
     others = headline(measured(), "m", 4290)[2]
     math, ffn = others.split("; ")
-    assert math.startswith("math SDPA: 10.2 GB peak, 45.5 s/step")
+    assert math.startswith("math SDPA: 10.2 GB peak (+5.1 GB during the prompt), 45.5 s/step")
     assert "its frames within 1/255 of ComfyUI sub-quadratic's (math SDPA's own rounding: the pack is not in " \
            "that run)" in math
-    assert ffn.startswith("Patch Attention + FFN Chunking (4 chunks): 3.0 GB peak, 26.5 s/step (its first step: "
-                          "137 s, one-off work, not in s/step)")
+    assert ffn.startswith("Patch Attention + FFN Chunking (4 chunks): 3.0 GB peak (+1.5 GB during the prompt), "
+                          "26.5 s/step (its first step: 137 s, one-off work, not in s/step)")
     assert "its frames identical to ComfyUI sub-quadratic's" in ffn
 
 
@@ -85,17 +99,28 @@ def test_a_slower_pack_is_called_slower_and_a_tie_a_tie():
     ours = next(r for r in results if r["role"] == "recommended")
     ours["step_s"] = 50.0
     assert "1.4x slower" in headline(results, "m", 1)[0]
-    ours["step_s"], ours["peak_gb"] = 35.0, 9.0   # within 5 % of sub-quadratic's 34.5 s and 9.2 GB
-    assert "about the same memory, about the same speed;" in headline(results, "m", 1)[0]
+    ours["step_s"], ours["peak_gb"], ours["growth_gb"] = 35.0, 9.0, 4.5   # within 5 % of sub-quadratic's
+    assert "about the same peak memory (the whole server) and about the same growth during the prompt, about the " \
+           "same speed;" in headline(results, "m", 1)[0]
 
 
 def test_busy_machine_replaces_the_speed_ratio_with_a_warning():
     busy = busy_reason(2, load_before=6.3)
-    assert busy == "load 6.3 on 2 cores before the demo started"
+    assert busy == "load average 6.3 on 2 cores before the demo started"
     top = headline(measured(), "m", 4290, busy)[0]
-    assert "speed not compared: machine busy, load 6.3 on 2 cores before the demo started" in top
+    assert "speed not compared: machine busy, load average 6.3 on 2 cores before the demo started" in top
     assert "faster" not in top and "slower" not in top
-    assert "2.6x less memory" in top  # memory does not depend on the load
+    assert "2.6x less peak memory" in top  # memory does not depend on the load
+
+
+def test_busy_names_the_load_while_it_measured_not_only_the_load_before():
+    """The newcomer's run: load 6 before, other processes' runnable threads 4.6-8.2 during the runs; the reason
+    names both (it named only the load before)."""
+    reason = busy_reason(2, load_before=6.0, others_during=[4.6, 8.2, 5.0, 6.2])
+    assert reason == ("load average 6.0 on 2 cores before the demo started; other processes kept 6.0 threads "
+                      "runnable on average (max 8.2) on 2 cores while it measured, above 0.5 (a quarter of the "
+                      "cores)")
+    assert busy_reason(2, load_before=0.4, others_during=[None, 3, 3]).startswith("other processes kept 3.0 ")
 
 
 @pytest.mark.parametrize("load,others,busy", [(1.9, [0, 0, 1, 0], False),   # quiet: an odd blip
@@ -108,15 +133,16 @@ def test_busy_when_load_above_cores_before_or_others_take_a_quarter_while_measur
     reason = busy_reason(2, load_before=load, others_during=others)
     assert (reason is not None) == busy
     if busy and load is not None and load < 2:
-        assert reason == f"other processes kept {sum(others) / len(others):.1f} of 2 cores busy while it measured"
+        assert reason == (f"other processes kept {sum(others) / len(others):.1f} threads runnable on average (max "
+                          f"{max(others)}) on 2 cores while it measured, above 0.5 (a quarter of the cores)")
 
 
 def test_a_configuration_timed_on_its_first_step_only_says_so():
     results = measured()
     ffn = results[3]
     ffn["step_s"] = None
-    assert "Patch Attention + FFN Chunking (4 chunks): 3.0 GB peak, only a first step timed (137 s, with one-off " \
-           "work), its frames" in headline(results, "m", 1)[2]
+    assert "Patch Attention + FFN Chunking (4 chunks): 3.0 GB peak (+1.5 GB during the prompt), only a first step " \
+           "timed (137 s, with one-off work), its frames" in headline(results, "m", 1)[2]
 
 
 def test_no_headline_without_the_two_compared_runs():

@@ -20,3 +20,12 @@ def profdir(tmp_path, monkeypatch):
     profiles._cache.clear()
     yield tmp_path
     profiles._cache.clear()
+
+
+@pytest.fixture(autouse=True)
+def quiet_machine(monkeypatch):
+    """Other processes' runnable threads as attention_core.machine_load reads them: none, in every engine test, so
+    that `tune`, `calibrate` and `bench` save whatever else runs on the machine; the busy-machine refusals are
+    tested with readings of their own (tests/engine/test_machine_load.py)."""
+    from attention_core import machine_load
+    monkeypatch.setattr(machine_load, "others_runnable", lambda pids=None, proc=None: 0)

@@ -199,8 +199,11 @@ def test_the_default_token_counts_and_shapes():
 def fake_measure(monkeypatch):
     calls = []
 
-    def measure(device, dtype, model, comfyui=None):
+    def measure(device, dtype, model, comfyui=None, monitor=None):
         calls.append((device, dtype, model, comfyui))
+        if monitor is not None:  # one figure timed under the monitor, as measure() times each (quiet: conftest)
+            with monitor.span(("pack", 1024)):
+                pass
         return {"version": 1, "device": "Test CPU (x86_64)", "dtype": dtype, "model": model,
                 "date": "2026-12-01 12:00 UTC",
                 "attention": {"pack": [{"tokens": 1024, "gflops": 12.34}, {"tokens": 2048, "gflops": 5.0}],
@@ -222,10 +225,12 @@ def test_cli_defaults_and_output(profdir, monkeypatch, capsys, fake_measure):
     path = str(profdir / "calibration-test-cpu-x86-64-fp32.json")
     assert capsys.readouterr().out.split("\n") == [
         f"calibration of Test CPU (x86_64), fp32, 2026-12-01 12:00 UTC -> {path}",
-        "  attention pack     N 1024: 12.3, N 2048: 5.0 GFLOP/s",
+        "  attention pack     N 1024: 12.3 (others 0.0), N 2048: 5.0 GFLOP/s",
         "  attention math     N 1024: 0.1 GFLOP/s",
         "  GEMM               512x3072x3072: 150.0, 512x3072x14336: 100.0 GFLOP/s",
         "  (ComfyUI not found: sub-quadratic not measured; pass --comfyui PATH)",
+        f"  measured at: other processes' runnable threads 0.00 on average (max 0, 1 readings) on {os.cpu_count()} "
+        "cores; busy above " + format(os.cpu_count() / 4, "g"),
         ""]
     assert calibration.load(path)["model"] == "wan22-5b"
 
@@ -269,7 +274,7 @@ def test_cli_refuses_bad_flags_in_one_line(capsys, fake_measure, args, message):
 def test_cli_reports_a_failed_measurement_in_one_line(tmp_path, monkeypatch, capsys, error):
     """torch's errors for a device or dtype it cannot run (RuntimeError, ValueError): one line naming both, exit 2,
     no file written."""
-    def measure(device, dtype, model, comfyui=None):
+    def measure(device, dtype, model, comfyui=None, monitor=None):
         raise error("out of luck")
     monkeypatch.setattr(calibrate, "measure", measure)
     monkeypatch.setattr(bench, "default_comfyui", lambda: None)

@@ -326,7 +326,7 @@ def test_run_bench_runs_the_preset_and_passes_its_lines_on(monkeypatch):
     cmd, code, tail = report.run_bench("cpu", True, None, "/t/b.json", log=logged.append)
     assert cmd == [sys.executable, "-m", "attention_core.bench", "--preset", "wan22-5b-480p", "--device", "cpu",
                    "--methods", "math,torch,chunked,inplace,online,auto,comfy-subquad", "--json", "/t/b.json",
-                   "--heads", "2", "--quick"]
+                   "--force-busy", "--heads", "2", "--quick"]
     assert code == 7 and tail == [f"line {i}" for i in range(5, 25)]
     assert logged == [f"  bench: line {i}" for i in range(25)]
     assert seen[0][1]["cwd"] == report.ROOT and seen[0][1]["env"]["PYTHONPATH"].split(os.pathsep)[0] == report.ROOT
