@@ -177,7 +177,8 @@ EQUIVALENT = [
     ("attention_core/problem.py::normalize", "seed = int(torch.randint(0, 2 ** 62, (1,), dtype=torch.int64).item())",
      "seed = int(torch.randint( -1, 2 ** 62, (1,), dtype=torch.int64).item())",
      "a seed of -1 (one draw in 2**62) is as good a seed for the xor-multiply hash as any other"),
-    ("attention_core/tiles.py::TileSource.scores", "kt = k[:, :, j0:j1].transpose(-1, -2)", "kt = k[:, :, j0:j1].transpose(-1, 2)",
+    ("attention_core/tiles.py::TileSource.scores",
+     "kt = k[:, :, j0:j1].transpose(-1, -2)", "kt = k[:, :, j0:j1].transpose(-1, 2)",
      "k is always 4-D (B, Hkv, Lk, E), so dim 2 is dim -2"),
     ("attention_core/parallel.py::flash_layout_attention",
      "if tuple(window_size) != (-1, -1) or softcap or alibi_slopes is not None or return_attn_probs:",
@@ -223,9 +224,11 @@ EQUIVALENT += [
      "the backward's seed is the one the forward saved: a vmapped seed is refused by the forward rule "
      "(test_dropout_under_vmap_with_different_randomness_names_the_seed), so no public call reaches the backward "
      "rule with one; only a direct vmap of the tiled_attention::bwd op would"),
-    ("attention_core/parallel.py::ulysses_attention", "rep = rep if g % rep == 0 else g", "rep = rep if g % rep <= 0 else g",
+    ("attention_core/parallel.py::ulysses_attention",
+     "rep = rep if g % rep == 0 else g", "rep = rep if g % rep <= 0 else g",
      "g % rep is never negative"),
-    ("attention_core/parallel.py::ulysses_attention", "rep = rep if g % rep == 0 else g", "rep = rep if g % rep >= 0 else g",
+    ("attention_core/parallel.py::ulysses_attention",
+     "rep = rep if g % rep == 0 else g", "rep = rep if g % rep >= 0 else g",
      "the else is unreachable: P divides H = Hkv * g, so rep = P // gcd(Hkv, P) divides g"),
 ] + [("attention_core/parallel.py::ulysses_attention", "g = H // Hkv", f"g = H {op} Hkv",
        "g only decides `rep if g % rep == 0 else g`; Ulysses requires P | H and rep divides P, so this g (H / Hkv "
@@ -242,9 +245,11 @@ EQUIVALENT += [
        "a single point falls through to the `>=` branch with the same rate"),
       ("attention_core/estimate.py::_interp", "if n >= pts[-1][0]:", "if n > pts[-1][0]:",
        "at n equal to the last count the last pair gives t == 1.0 and r0 ** 0.0 * r1 ** 1.0 == r1 exactly"),
-      ("attention_core/calibrate.py::measure", "g = torch.Generator().manual_seed(0)", "g = torch.Generator().manual_seed( 1)",
+      ("attention_core/calibrate.py::measure",
+       "g = torch.Generator().manual_seed(0)", "g = torch.Generator().manual_seed( 1)",
        "the seeded inputs are noise timed for speed only: no stored value depends on them"),
-      ("attention_core/calibrate.py::measure", "g = torch.Generator().manual_seed(0)", "g = torch.Generator().manual_seed( -1)",
+      ("attention_core/calibrate.py::measure",
+       "g = torch.Generator().manual_seed(0)", "g = torch.Generator().manual_seed( -1)",
        "the seeded inputs are noise timed for speed only: no stored value depends on them"),
 ] + [("attention_core/estimate.py::report", "f\"{st.cfg_batch * batch}{' (CFG)' if st.cfg_batch == 2 else ''}\")",
       f"f\"{{st.cfg_batch * batch}}{{' (CFG)' if st.cfg_batch {op} else ''}}\")",
@@ -323,7 +328,8 @@ EQUIVALENT += [
        "833 (4290 and 32760 tokens)")
       for name, model, f, h in (("wan22-5b-480p", "wan22-5b", 41, 24), ("wan-14b-480p", "wan-14b", 81, 40))
       for w in (831, 833)
-] + [("attention_core/parallel.py::ulysses_attention", before, before.replace("mask.shape[2] > 1", "mask.shape[2] != 1"),
+] + [("attention_core/parallel.py::ulysses_attention",
+      before, before.replace("mask.shape[2] > 1", "mask.shape[2] != 1"),
       "mask.shape[2] is 1 or n (_mask4 checks it), so `!= 1` differs from `> 1` only with n = 0 query rows, where "
       "every tensor is empty: sending the empty mask through the all-to-all or the row gather gives the same empty "
       "mask, output and gradients (run on 2 gloo ranks: 0-row masks of [1, H, 0, 0], [1, 1, 0, 0], [H, 0, 0], "
@@ -1005,9 +1011,9 @@ def main(argv=None):
             save()
             if meta["fresh"]:  # every fresh draw, finished or not, whatever it scored
                 append_draws(draw_entries(results, meta, args))
-                print(f"[mutate] draw logged in {DRAWS_LOG} (commit it; README states each module's latest "
-                      f"whole-module draw: {'; '.join(readme_figure(m, latest_draw(read_draws(), m)) for m in modules)})",
-                      file=sys.stderr, flush=True)
+                figures = "; ".join(readme_figure(m, latest_draw(read_draws(), m)) for m in modules)
+                print(f"[mutate] draw logged in {DRAWS_LOG} (commit it; README must state each module's latest "
+                      f"whole-module draw: {figures})", file=sys.stderr, flush=True)
     report(results, totals, meta.get("deselected", {}), args, meta=meta)
     return 0
 
