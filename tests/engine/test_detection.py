@@ -129,3 +129,32 @@ def test_probe_leaves_torch_backend_switches_alone(monkeypatch):
 
 def test_probe_finds_the_cpu_flash_kernel():
     assert "flash" in detect_mod.probe_fused_backends(torch.device("cpu"))
+
+
+def test_the_gpu_probe_takes_each_fused_kernels_attention_output(monkeypatch):
+    """On a GPU the probe calls torch's fused kernels as aten ops, whose results are tuples (output, logsumexp,
+    ..., debug mask last): each probe must hand on the first element, the attention output. Checked on the CPU
+    with stand-in ops of the same arity (torch 2.x signatures) that compute math SDPA (a probe taking another
+    element, e.g. cuDNN's debug mask, would call a working kernel broken; a causal or dropout call differs too)."""
+    calls = {}
+
+    def fake(name, extra):
+        def op(q, k, v, *args):
+            calls[name] = args
+            out = F.scaled_dot_product_attention(q, k, v)
+            return (out, torch.zeros(q.shape[:-1]), *[torch.empty(0)] * extra)
+        return op
+
+    aten = types.SimpleNamespace(
+        _scaled_dot_product_flash_attention=fake("flash", 7),  # out, lse, cum_q, cum_k, max_q, max_k, rng, _, dbg
+        _scaled_dot_product_efficient_attention=fake("efficient", 2),  # out, lse, philox seed, offset
+        _scaled_dot_product_cudnn_attention=fake("cudnn", 7))  # out, lse, cum_q, cum_k, max_q, max_k, seed, off, dbg
+    monkeypatch.setattr(detect_mod, "torch", types.SimpleNamespace(ops=types.SimpleNamespace(aten=aten)))
+    ops = detect_mod._fused_ops(torch.device("cuda", 0))
+    monkeypatch.undo()
+    assert sorted(ops) == ["cudnn", "efficient", "flash"]
+    q = torch.randn(1, 2, 32, 64, generator=torch.Generator().manual_seed(0))
+    want = F.scaled_dot_product_attention(q, q, q)
+    for name, probe in ops.items():
+        assert torch.equal(probe(q), want), name
+    assert sorted(calls) == ["cudnn", "efficient", "flash"]  # each probe called its own kernel
