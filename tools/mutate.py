@@ -95,10 +95,6 @@ BY_FILE = [
     ("attention_core/patch.py", [E + "test_global_patch.py", KILLS]),
     ("attention_core/ffn.py", [E + "test_ffn_chunking.py", E + "test_ffn_compile.py", KILLS, FRESH_KILLS]),
     ("attention_core/parallel.py", [E + "test_parallel.py", E + "test_parallel_kv_copies.py"]),
-    ("attention_core/jsonfile.py", [E + "test_jsonfile.py", E + "test_file_fuzz.py"]),
-    ("attention_core/profiles.py", [E + "test_file_fuzz.py", E + "test_tune.py", E + "test_score_layout.py"]),
-    ("attention_core/calibration.py", [E + "test_file_fuzz.py", E + "test_calibrate.py", E + "test_estimate.py"]),
-    ("attention_core/machine_load.py", [E + "test_machine_load.py"]),
     ("attention_core/selfcheck.py", [E + "test_detection.py", KILLS]),
     ("nodes/__init__.py", [NODES, ROUTING, ADAPTER_KILLS]),  # the extension: node list, backend registration
     ("nodes/api.py", [NODES]),
