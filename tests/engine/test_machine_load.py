@@ -114,7 +114,7 @@ def test_load_objects_are_accepted_by_the_profile_and_calibration_validators():
     kept, problems = profiles.validate_profile(dict(prof, load="busy"))
     assert "load" not in kept and problems == ["'load' is str, not an object; dropped"]
     calib = {"version": calibration.VERSION, "device": "d", "date": "x", "dtype": "fp32",
-             "attention": {"pack": [{"tokens": 1024, "gflops": 1.0}]}, "gemm": [{"gflops": 1.0}]}
+             "attention": {"pack": [{"tokens": 1024, "gflops": 1.0}]}, "gemm": [{"n": 512, "gflops": 1.0}]}
     assert calibration.validate(dict(calib, load=good)) is None
     assert calibration.validate(dict(calib, load=dict(good, cores=-2))) == "'load' cores -2 is not a whole number >= 1"
 
