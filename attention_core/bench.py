@@ -111,7 +111,7 @@ def _method_fn(name, case, torch):
         # this case's own process (see _run_in_subprocess): the previous CPU defaults, forward and backward tiles
         # aiming at 2^21 scores
         memory.TARGET_TILE_ELEMS = dict(memory.TARGET_TILE_ELEMS, cpu=PREV_CPU_TARGET)
-        memory.BACKWARD_TILE_FACTOR = dict(memory.BACKWARD_TILE_FACTOR, cpu=1)
+        memory.BACKWARD_TILE_ELEMS = dict(memory.BACKWARD_TILE_ELEMS, cpu=PREV_CPU_TARGET)
         tier = name[: -len("-prev")]
         return lambda q, k, v: scaled_dot_product_attention(q, k, v, tier=tier)
     if name in ("chunked-queries", "chunked-keys"):

@@ -19,15 +19,22 @@ MIN_BLOCK = 16
 # query rows per head a tile keeps before it splits heads into groups: the GEMMs stay efficient above this
 PREF_ROWS = 64
 # score elements per forward tile we aim for (full rows for chunked / inplace, bq x bk for online) when the device
-# has no tuned profile. CPU: 2^19, the smallest target as fast as the larger ones in interleaved timings on the
-# project's CPU (docs/bench-tiles-cpu.log; at the Wan 480p shape 2^21 took 15 MB tiles of 7 heads where 2^19
-# takes 2 MB, for no measured speed). A tuned profile
-# (python -m attention_core.tune) replaces it with the smallest tile within 3 % of the fastest on the device.
-TARGET_TILE_ELEMS = {"cpu": 1 << 19, "other": 1 << 27}
-# the backward's tiles aim at BACKWARD_TILE_FACTOR x the forward target (2^21 scores on the CPU, 2^27 elsewhere,
-# as before): five score-sized GEMMs a tile instead of two, and smaller CPU tiles measured 1.1-1.3x slower there;
-# fwd + bwd at N=2048, 8 heads holds 12-13 % of math SDPA's peak RSS (LiveBytes test: <= 20 %)
-BACKWARD_TILE_FACTOR = {"cpu": 4, "other": 1}
+# has no tuned profile. CPU: 2^23 (32 MB of fp32 scores; the chunked tier's softmax runs over them in place there),
+# the fastest target within 3 % of ComfyUI sub-quadratic attention's memory at the Wan 2.2 480p shape in quiet
+# interleaved timings on two kinds of 2-core machine (docs/bench-tiles-cpu.md: larger tiles mean fewer, longer
+# parallel regions; 2^19 was 1.2-1.4x slower). A tuned profile (python -m attention_core.tune) replaces it with the
+# smallest tile within 3 % of the fastest on the device.
+TARGET_TILE_ELEMS = {"cpu": 1 << 23, "other": 1 << 27}
+# at most this many scores of one kv head (its batch x GQA rows included) in a forward tile, so each head's slice of
+# the tile stays near a core's L2 (2 MB of fp32): at N=2048, 8 heads of 64 dims a 2^23 tile of 512 rows a head ran
+# 1.15x slower than one of 256 (docs/bench-tiles-cpu.md); None: no cap
+HEAD_TILE_ELEMS = {"cpu": 1 << 19, "other": None}
+# score elements per backward tile: five score-sized GEMMs a tile instead of two, and on the CPU 2^21 was as fast
+# as 2^22 and faster than 2^23 quiet (docs/bench-tiles-cpu.md); fwd + bwd at N=2048, 8 heads stays within 15 % of
+# math SDPA's peak RSS (LiveBytes test)
+BACKWARD_TILE_ELEMS = {"cpu": 1 << 21, "other": 1 << 27}
+# score-sized buffers of a chunked tile: S and P, one buffer on the CPU where P overwrites S (tiers.chunked)
+CHUNKED_SCORE_BUFFERS = {"cpu": 1, "other": 2}
 ONLINE_BLOCK_KV = {"cpu": 1024, "other": 4096}
 # share of the free memory the tiles may take when no budget is given
 FREE_FRACTION = {"cpu": 0.5, "other": 0.7}
@@ -110,7 +117,7 @@ def bytes_per_score(tier: str, p: AttentionProblem, num: Numerics, backward: boo
     if backward:  # the fp32 scores/weights/dS tile, dP (compute dtype, then fp32), flush/temporaries
         return 3 * st + extra
     if tier == "chunked":
-        return 2 * isz + extra
+        return CHUNKED_SCORE_BUFFERS[_kind(p.device)] * isz + extra
     if tier == "inplace":
         return isz + extra
     return isz + 2 * st + extra  # online: score, fp32 weights, cast for the P V GEMM
@@ -127,8 +134,10 @@ def tile_for(lq: int, hkv: int, pairs_per_row: int, per: int, budget: int, bk: i
     Shapes only (attention_core.plan reports the same tiles): lq query rows, hkv kv heads, each (kv head, query
     row) pair holding pairs_per_row * bk scores (B * G: batch and the GQA group). The tile takes as many pairs as
     TARGET_TILE_ELEMS[kind] and the budget allow, all heads when that leaves PREF_ROWS rows per head, else fewer
-    heads with more rows. `target`: another number of scores to aim for (the backward's)."""
+    heads with more rows, and (forward) no more than HEAD_TILE_ELEMS[kind] scores a head where that leaves
+    PREF_ROWS rows. `target`: another number of scores to aim for (the backward's; no head cap)."""
     lq, hkv = max(1, lq), max(1, hkv)
+    head_cap = HEAD_TILE_ELEMS[kind] if target is None else None  # forward tiles only
     target = target or TARGET_TILE_ELEMS[kind]
     while True:
         per_pair = max(1, pairs_per_row) * bk
@@ -138,7 +147,10 @@ def tile_for(lq: int, hkv: int, pairs_per_row: int, per: int, budget: int, bk: i
         if fit >= min(MIN_BLOCK, lq):
             pairs = min(max(MIN_BLOCK, target // per_pair), fit)
             if pairs >= hkv * min(PREF_ROWS, lq):
-                return max(1, _round(min(lq, pairs // hkv))), bk, hkv
+                rows = min(lq, pairs // hkv)
+                if head_cap is not None:
+                    rows = min(rows, max(PREF_ROWS, head_cap // per_pair))
+                return max(1, _round(rows)), bk, hkv
             bq = min(lq, max(min(MIN_BLOCK, lq), min(PREF_ROWS, pairs)))
             return max(1, _round(bq)), bk, max(1, min(hkv, pairs // bq))
         if not shrink_kv or bk <= MIN_BLOCK:
@@ -165,6 +177,6 @@ def plan_forward(p: AttentionProblem, num: Numerics, tier: str, budget: int, blo
 def plan_backward(p: AttentionProblem, num: Numerics, budget: int, block_q=None, block_kv=None) -> Optional[Plan]:
     """Backward tiles: full key rows when they fit (fewer, larger GEMMs), else bq x bk tiles."""
     per = bytes_per_score("online", p, num, backward=True)
-    target = BACKWARD_TILE_FACTOR[_kind(p.device)] * TARGET_TILE_ELEMS[_kind(p.device)]
+    target = BACKWARD_TILE_ELEMS[_kind(p.device)]
     t = _tile(p, per, budget, block_kv or max(1, p.Lk), block_q, shrink_kv=block_kv is None, target=target)
     return None if t is None else Plan("backward", *t)

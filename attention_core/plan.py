@@ -107,12 +107,13 @@ def tokens(model: ModelSpec, width: int, height: int, frames: int) -> int:
     return math.ceil(lf / pt) * math.ceil(lh / ph) * math.ceil(lw / pw)
 
 
-def tier_bytes_per_score(tier: str, elem: int) -> int:
+def tier_bytes_per_score(tier: str, elem: int, cpu: bool = False) -> int:
     """Transient bytes per score of one tile (attention_core.memory.bytes_per_score, no mask or dropout);
-    half precision is counted at 4 bytes: the overflow guard may recompute a tile in fp32."""
+    half precision is counted at 4 bytes: the overflow guard may recompute a tile in fp32. Chunked tiles hold S
+    and P, one buffer on the CPU (P overwrites S)."""
     isz = 4 if elem == 2 else elem
     if tier == "chunked":
-        return 2 * isz
+        return (1 if cpu else 2) * isz
     if tier == "inplace":
         return isz
     if tier == "online":
@@ -140,11 +141,12 @@ def compute_dtype(dtype: str, cpu: bool, precision: str = "auto") -> str:
     return "fp16"
 
 
-def score_bytes(tier: str, compute: str) -> int:
+def score_bytes(tier: str, compute: str, cpu: bool = False) -> int:
     """Transient bytes per score of one tile when the tiles compute in `compute` (memory.bytes_per_score without
-    mask or dropout; fp16 at 4 bytes: the overflow guard may recompute a tile in fp32)."""
+    mask or dropout; fp16 at 4 bytes: the overflow guard may recompute a tile in fp32; chunked S and P share one
+    buffer on the CPU)."""
     isz = 4 if compute in ("fp16", "fp32") else 2
-    return {"chunked": 2 * isz, "inplace": isz, "online": isz + 2 * 4}[tier]
+    return {"chunked": (1 if cpu else 2) * isz, "inplace": isz, "online": isz + 2 * 4}[tier]
 
 
 def kv_copy_bytes(batch: int, heads: int, n: int, head_dim: int, dtype: str, compute: str, layout: str,
@@ -197,7 +199,7 @@ def pack_tile(tier: str, bh_kv: int, g: int, n: int, elem: int, budget: int, cpu
     fewer heads); None when not even MIN_BLOCK rows fit."""
     from .memory import ONLINE_BLOCK_KV, tile_for
     kind = "cpu" if cpu else "other"
-    per = per or tier_bytes_per_score(tier, elem)
+    per = per or tier_bytes_per_score(tier, elem, cpu)
     bk = n if tier != "online" else min(n, ONLINE_BLOCK_KV[kind])
     t = tile_for(n, bh_kv, g, per, budget, bk, kind, shrink_kv=tier == "online")
     if t is None:
@@ -206,12 +208,12 @@ def pack_tile(tier: str, bh_kv: int, g: int, n: int, elem: int, budget: int, cpu
     return {"rows": rows, "keys": bk, "heads": heads, "bytes": per * g * rows * bk * heads}
 
 
-def pack_floor(tier: str, n: int, elem: int) -> int:
+def pack_floor(tier: str, n: int, elem: int, cpu: bool = False) -> int:
     """The least a tier can run with: one head, MIN_BLOCK rows, full key rows (chunked/inplace) or MIN_BLOCK
     keys (online)."""
     from .memory import MIN_BLOCK
     keys = n if tier != "online" else MIN_BLOCK
-    return tier_bytes_per_score(tier, elem) * MIN_BLOCK * keys
+    return tier_bytes_per_score(tier, elem, cpu) * MIN_BLOCK * keys
 
 
 def ffn_bytes(batch: int, n: int, ffn: int, elem: int, chunks: int = 1) -> int:
@@ -262,8 +264,8 @@ def estimate(model: str, width: int, height: int, frames: int, free: int, dtype_
     compute = compute_dtype(dtype, cpu, precision)
     tiers = {}
     for t in TIERS:
-        tile = pack_tile(t, spec.heads, batch, n, e, budget, cpu, per=score_bytes(t, compute))
-        tiers[t] = {"tile": tile, "floor": pack_floor(t, n, e)}
+        tile = pack_tile(t, spec.heads, batch, n, e, budget, cpu, per=score_bytes(t, compute, cpu))
+        tiers[t] = {"tile": tile, "floor": pack_floor(t, n, e, cpu)}
         if tile is not None:  # what the call holds beyond q, k, v and the output: K/V copies + tile (or guard)
             h = tile["heads"]
             copies = kv_copy_bytes(batch, h, n, spec.head_dim, dtype, compute, layout, h >= spec.heads)

@@ -39,11 +39,12 @@ ENV_LAYOUT = "TILED_ATTENTION_LAYOUT"    # "queries" / "keys": force the chunked
 LAYOUTS = ("queries", "keys")            # the chunked tier's score layouts (tiers.chunked.LAYOUTS; no import)
 # score layout without a profile entry, by device kind: measured on the CPU (docs/bench-tiles-cpu.log); GPUs
 # keep the layout the engine always had until `tune` measures them
-DEFAULT_LAYOUT = {"cpu": "keys", "other": "queries"}
+DEFAULT_LAYOUT = {"cpu": "queries", "other": "queries"}
 MIN_ROWS = 16
 # transient bytes per score of a tile, as attention_core.memory.bytes_per_score counts them (fp16 tiles at 4:
 # the overflow guard may recompute one in fp32)
 _BPS = {"chunked": 2, "inplace": 1, "online": 3}
+_BPS_CPU = dict(_BPS, chunked=1)  # the CPU's chunked softmax overwrites its scores (memory.CHUNKED_SCORE_BUFFERS)
 _cache: dict = {}
 _warned_layouts: set = set()
 
@@ -203,9 +204,12 @@ def _dtype_name(dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def bytes_per_score(tier: str, dtype) -> int:
+def bytes_per_score(tier: str, dtype, device="cpu") -> int:
+    """memory.bytes_per_score of a tile without mask or dropout, from the tier, dtype and device alone."""
+    import torch
     elem = 4 if _dtype_name(dtype) in ("float16", "bfloat16", "float32") else 8
-    return _BPS.get(tier, 3) * elem
+    per = _BPS_CPU if torch.device(device).type == "cpu" else _BPS
+    return per.get(tier, 3) * elem
 
 
 NEAR = 2.0  # a tuned tile serves key and head counts within this factor of the tuned ones; others: engine's plan
@@ -246,7 +250,7 @@ def tuned_blocks(device, dtype, heads: int, Lq: int, Lk: int, D: int, tier: str,
     if e is None or not e.get("use", True):  # the engine's own plan was as fast there: keep it
         return None
     bq, bkv, hpg = tuned_blocks_for(e, heads, Lq, Lk)
-    if (per_score or bytes_per_score(tier, dtype)) * groups * bq * bkv * hpg > budget:
+    if (per_score or bytes_per_score(tier, dtype, device)) * groups * bq * bkv * hpg > budget:
         return None
     return bq, bkv, hpg
 

@@ -100,7 +100,7 @@ def engine_tile(heads, n, rows, dtype, device, tier):
     import torch
     kind = "cpu" if torch.device(device).type == "cpu" else "other"
     bk = n if tier != "online" else min(n, ONLINE_BLOCK_KV[kind])
-    t = tile_for(rows, heads, 1, bytes_per_score(tier, dtype), tile_budget(torch.device(device)), bk, kind,
+    t = tile_for(rows, heads, 1, bytes_per_score(tier, dtype, device), tile_budget(torch.device(device)), bk, kind,
                  shrink_kv=tier == "online")
     return t if t is not None else (rows, bk, heads)
 

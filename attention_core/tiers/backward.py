@@ -7,6 +7,8 @@ Per tile, with D = rowsum(dO * O) - dL (dL: the gradient of L itself, zero unles
 group's query heads are stacked on the rows of one GEMM; a float mask's gradient is dS summed to its shape.)
 O and L may come from a larger attention (ring attention's global O and L): the result is then exactly this
 block's contribution to the gradients. L = -inf (a row with no visible key) gives P = 0 on that row.
+When the GEMMs run in the statistics dtype (fp32 / fp64 compute), S and dP live in reused scratch buffers and dQ,
+dK, dV accumulate in place (baddbmm): no tile-sized temporaries, which on the CPU cost page faults per tile.
 """
 from __future__ import annotations
 
@@ -50,6 +52,8 @@ def backward(src: TileSource, out, lse, rowmax, dout, dlse, block_q, block_kv, n
     k = src.k if src.k.dtype == cd else src.k32
     drop = p.dropout_p > 0
     inv_keep = 1.0 / (1.0 - p.dropout_p) if drop else 1.0
+    fused = cd == st  # accumulate in place (baddbmm) into the fp32/fp64 sums, tiles in reused scratch buffers
+    dk3, dv3 = dk.view(B * H, p.Lk, E), dv.view(B * H, p.Lk, Ev)
     for i0 in range(0, p.Lq, block_q):
         i1 = min(p.Lq, i0 + block_q)
         bq, rows = i1 - i0, G * (i1 - i0)
@@ -63,7 +67,7 @@ def backward(src: TileSource, out, lse, rowmax, dout, dlse, block_q, block_kv, n
         for j0 in range(0, kend, block_kv):
             j1 = min(kend, j0 + block_kv)
             bk = j1 - j0
-            s = src.scores(qt, i0, i1, j0, j1).to(st)
+            s = src.scores(qt, i0, i1, j0, j1, slot=0 if qt.dtype == st else None).to(st)
             flushed = (s - m) < FTZ_THRESHOLD if num.ftz and m is not None else None
             prob = s.sub_(L).exp_()  # exp(-inf) = 0 for masked keys and for rows with L = +inf
             if flushed is not None:
@@ -71,20 +75,32 @@ def backward(src: TileSource, out, lse, rowmax, dout, dlse, block_q, block_kv, n
                 del flushed
             keep = src.keep(i0, i1, j0, j1) if drop else None
             pd = prob.masked_fill(~keep, 0.0).mul_(inv_keep) if drop else prob
-            dv[:, :, j0:j1] += torch.matmul(pd.view(B, H, rows, bk).transpose(-1, -2).to(cd), dot).to(st)
-            del pd
             vt = src.value(j0, j1, cd, raw=True)
-            dp = torch.matmul(dot, vt.transpose(-1, -2)).view(B, H, G, bq, bk).to(st)
+            if fused:
+                dv3[:, j0:j1].baddbmm_(pd.view(B * H, rows, bk).transpose(-1, -2), dot.reshape(B * H, rows, Ev))
+                dp = torch.matmul(dot, vt.transpose(-1, -2), out=src.scratch(1, (B, H, rows, bk), cd))
+                dp = dp.view(B, H, G, bq, bk)
+            else:
+                dv[:, :, j0:j1] += torch.matmul(pd.view(B, H, rows, bk).transpose(-1, -2).to(cd), dot).to(st)
+                dp = torch.matmul(dot, vt.transpose(-1, -2)).view(B, H, G, bq, bk).to(st)
+            del pd
             if drop:
                 dp.masked_fill_(~keep, 0.0).mul_(inv_keep)
             ds = prob.mul_(dp.sub_(D))  # dS = P * (dP - D), in the weights' storage
             del dp
             if dmask is not None:
                 _accumulate_mask_grad(dmask, ds, i0, i1, j0, j1)
-            ds_c = ds.view(B, H, rows, bk).to(cd)
-            dq_t += torch.matmul(ds_c, k[:, :, j0:j1]).to(st)
-            dk[:, :, j0:j1] += torch.matmul(ds_c.transpose(-1, -2), qt).to(st)
-            del ds, ds_c
+            if fused:
+                ds3 = ds.view(B * H, rows, bk)
+                dq_t.view(B * H, rows, E).baddbmm_(ds3, k[:, :, j0:j1].reshape(B * H, bk, E))
+                dk3[:, j0:j1].baddbmm_(ds3.transpose(-1, -2), qt.reshape(B * H, rows, E))
+                del ds3
+            else:
+                ds_c = ds.view(B, H, rows, bk).to(cd)
+                dq_t += torch.matmul(ds_c, k[:, :, j0:j1]).to(st)
+                dk[:, :, j0:j1] += torch.matmul(ds_c.transpose(-1, -2), qt).to(st)
+                del ds_c
+            del ds
         dq[:, :, :, i0:i1] = (dq_t * p.scale).view(B, H, G, bq, E)
     return dq, dk.to(p.k4.dtype), dv.to(p.v4.dtype), (dmask.to(p.mask5.dtype) if dmask is not None else None)
 

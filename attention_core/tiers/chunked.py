@@ -1,6 +1,6 @@
 """Chunked tier: for each query tile, P = softmax(S) over the full key row (one fused torch kernel), O = P V.
 
-S and P live in two scratch buffers reused by every tile (TileSource.scratch).
+S and P live in scratch buffers reused by every tile (TileSource.scratch); on the CPU P overwrites S (one buffer).
 
 The row statistics for the backward come for free: m = max S, and max P = e^0 / l, so L = m - log(max P).
 
@@ -39,7 +39,7 @@ def forward(src: TileSource, block_q: int, block_kv: int, need_stats: bool, layo
         if ftz:
             s.sub_(safe_max(m))
             flush_to_zero_(s)
-        probs = torch.ops.aten._softmax.out(s, -1, False, out=src.scratch(1, s.shape, s.dtype))
+        probs = torch.ops.aten._softmax.out(s, -1, False, out=_softmax_out(src, s))
         del s
         if may_be_empty:
             empty = torch.isneginf(m)
@@ -70,7 +70,7 @@ def _forward_keys_major(src: TileSource, block_q: int, need_stats: bool) -> Tile
         if ftz:
             st.sub_(safe_max(m))
             flush_to_zero_(st)
-        probs = torch.ops.aten._softmax.out(st, -2, False, out=src.scratch(1, st.shape, st.dtype))
+        probs = torch.ops.aten._softmax.out(st, -2, False, out=_softmax_out(src, st))
         del st
         log_l = -torch.log(probs.amax(-2, keepdim=True).to(num.stats)) if need_stats else None
         v = src.value(0, kend, num.compute)
@@ -79,3 +79,10 @@ def _forward_keys_major(src: TileSource, block_q: int, need_stats: bool) -> Tile
         stats = (lambda t: None if t is None else t.reshape(p.B, p.Hkv, p.G, i1 - i0, 1))
         res.store(i0, i1, src.unscale(o), stats(m), stats(log_l))
     return res
+
+
+def _softmax_out(src: TileSource, s: torch.Tensor) -> torch.Tensor:
+    """Where the tile's softmax goes: over the scores themselves on the CPU, whose softmax kernels write each
+    element after its last read of it (bitwise the same result; one score buffer instead of two: half the tile
+    memory and traffic), else the second scratch buffer."""
+    return s if s.device.type == "cpu" else src.scratch(1, s.shape, s.dtype)

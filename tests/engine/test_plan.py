@@ -231,6 +231,9 @@ def test_bytes_per_score_of_each_tier():
     assert [plan.score_bytes(t, "bf16") for t in plan.TIERS] == [4, 2, 10]
     assert [plan.tier_bytes_per_score(t, 2) for t in plan.TIERS] == [8, 4, 12]
     assert [plan.tier_bytes_per_score(t, 4) for t in plan.TIERS] == [8, 4, 12]
+    # on the CPU the chunked tier's softmax overwrites its scores: one buffer
+    assert [plan.score_bytes(t, "fp32", cpu=True) for t in plan.TIERS] == [4, 4, 12]
+    assert [plan.tier_bytes_per_score(t, 2, cpu=True) for t in plan.TIERS] == [4, 4, 12]
     assert [plan.tier_bytes_per_score(t, 8) for t in plan.TIERS] == [16, 8, 16]
     with pytest.raises(ValueError, match="unknown tier 'flash'"):
         plan.tier_bytes_per_score("flash", 2)
@@ -311,13 +314,13 @@ def test_ffn_chunks():
 
 def test_pack_tile_online_keys_and_kind():
     """Online tiles take at most ONLINE_BLOCK_KV keys (1024 on the CPU, 4096 elsewhere), all N when fewer; the
-    GPU's tile targets 2^27 scores, the CPU's 2^19."""
+    GPU's tile targets 2^27 scores, the CPU's 2^23 (one buffer a score there)."""
     assert plan.pack_tile("online", 24, 1, 28520, 2, 32 * GB, cpu=True)["keys"] == 1024
     assert plan.pack_tile("online", 24, 1, 28520, 2, 32 * GB, cpu=False)["keys"] == 4096
     assert plan.pack_tile("online", 24, 1, 900, 2, 32 * GB, cpu=False)["keys"] == 900
     t = plan.pack_tile("chunked", 24, 1, 4096, 4, 32 * GB, cpu=True)
-    assert t["heads"] * t["rows"] * t["keys"] <= 1 << 19 < 2 * t["heads"] * t["rows"] * t["keys"]
-    assert t["bytes"] == 8 * t["heads"] * t["rows"] * 4096
+    assert t["heads"] * t["rows"] * t["keys"] <= 1 << 23 < 2 * t["heads"] * t["rows"] * t["keys"]
+    assert t["bytes"] == 4 * t["heads"] * t["rows"] * 4096
     t = plan.pack_tile("chunked", 24, 2, 4096, 4, 32 * GB, cpu=False)
     assert t["bytes"] == 8 * 2 * t["heads"] * t["rows"] * 4096 and t["heads"] == 24
 

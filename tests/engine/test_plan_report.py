@@ -6,7 +6,7 @@ each branch the example does not reach: the split refusal, the "no slicing" note
 lines, a run where nothing fits, the fp32 and contiguous-heads wording, and the command line's own lines."""
 import pytest
 
-from attention_core import plan
+from attention_core import memory, plan
 
 GB, MB = plan.GB, plan.MB
 NO_CAL = "/nonexistent/calibration.json"  # the time section then only says there is no calibration
@@ -109,28 +109,30 @@ def test_detected_free_memory_on_the_cpu(monkeypatch):
 
 # ---- the branches the example does not reach ----------------------------------------------------------------
 
-def test_a_head_split_tile_adds_its_group_output_and_fp32_wording():
-    """Wan 2.2 5B 480p fp32 on the CPU, 8 GB: the CPU's tile (2^19 scores) takes one head of 64 rows, so the call
-    also holds that head's own output (4,290 x (128 x 4 + 8) bytes = 2.1 MB) and K/V copies of one head
-    (2 x 4,290 x 128 x 4 = 4.2 MB); the budget is half the free memory on a CPU."""
+def test_a_head_split_tile_adds_its_group_output_and_fp32_wording(monkeypatch):
+    """Wan 2.2 5B 480p fp32 on the CPU, 8 GB, a CPU tile target of 2^19 scores (the default before issue 24): the
+    tile takes one head of 64 rows, so the call also holds that head's own output (4,290 x (128 x 4 + 8) bytes =
+    2.1 MB) and K/V copies of one head (2 x 4,290 x 128 x 4 = 4.2 MB); the budget is half the free memory on a CPU;
+    the CPU's chunked tile holds 4 bytes a score (the softmax overwrites the scores)."""
+    monkeypatch.setitem(memory.TARGET_TILE_ELEMS, "cpu", 1 << 19)
     est = plan.estimate("wan22-5b", 832, 480, 41, free=8 * GB, dtype_bytes=4, cpu=True)
     assert est["dtype"] == "fp32" and est["budget"] == 4 * GB
     t = est["tiers"]["chunked"]
     assert (t["tile"]["heads"], t["tile"]["rows"], t["tile"]["keys"]) == (1, 64, 4290)
-    assert t["tile"]["bytes"] == 8 * 64 * 4290
+    assert t["tile"]["bytes"] == 4 * 64 * 4290
     assert t["copies"] == 2 * 4290 * 128 * 4
     assert t["group_out"] == 4290 * (128 * 4 + 2 * 4)
     assert t["total"] == t["copies"] + t["group_out"] + t["tile"]["bytes"]
     lines = plan.report(est).splitlines()
     assert lines[0] == "Wan 2.2 TI2V 5B at 832x480, 41 frames (fp32, batch 1, free 8.00 GB)"
-    assert "    this pack: chunked           2.1 MB   (1 head(s) x 64 rows x 4290 keys; least it can run with: " \
-           "0.5 MB)" in lines
-    assert "      + K/V copies 4.2 MB (fp32, 1 head(s)) + a head group's output 2.1 MB -> 8.4 MB in all" in lines
+    assert "    this pack: chunked           1.0 MB   (1 head(s) x 64 rows x 4290 keys; least it can run with: " \
+           "0.3 MB)" in lines
+    assert "      + K/V copies 4.2 MB (fp32, 1 head(s)) + a head group's output 2.1 MB -> 7.4 MB in all" in lines
     # math 3.29 GB fits 8 GB: no DOES NOT FIT, no "without the pack" line; one split slice
     assert "    torch math SDPA              3.29 GB" in lines
     assert "    ComfyUI split                3.29 GB   (1 slice(s) of 4290 rows)" in lines
-    assert lines[-1] == ("    Patch Attention mode auto, memory_budget_mb 0 (auto picks 'chunked', tile 2.1 MB of a "
-                         "4.00 GB budget, 8.4 MB in all); FFN Chunking chunks 0 (1 at this free memory)")
+    assert lines[-1] == ("    Patch Attention mode auto, memory_budget_mb 0 (auto picks 'chunked', tile 1.0 MB of a "
+                         "4.00 GB budget, 7.4 MB in all); FFN Chunking chunks 0 (1 at this free memory)")
 
 
 def test_tight_memory_split_refusal_and_the_q_k_v_o_warning():

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import attention_core.sdpa as sdpa_mod
-from attention_core import AttentionMemoryError
+from attention_core import AttentionMemoryError, memory
 from attention_core import scaled_dot_product_attention as sdpa
 from attention_core.memory import free_memory, plan_forward, tile_budget
 from attention_core.numerics import choose_numerics
@@ -37,12 +37,20 @@ def spy_tiers(monkeypatch):
     return calls, fail
 
 
-def test_auto_picks_tier_by_budget(spy_tiers):
+def test_auto_picks_tier_by_budget(spy_tiers, monkeypatch):
     calls, _ = spy_tiers
     q, k, v = qkv(n=256)
     ref = reference(q, k, v)
     row = 256  # score elements per (head, query row); tiers split heads before they give up
-    # fp32: chunked holds 8 bytes a score, inplace 4; each needs 16 query rows of one head at least
+    # fp32 on the CPU: chunked and inplace hold 4 bytes a score (the chunked softmax overwrites its scores), so
+    # chunked goes straight to online; each needs 16 query rows of one head at least
+    for budget, tier in [(1 << 30, "chunked"), (row * 4 * 16, "chunked"), (row * 4 * 10, "online")]:
+        calls.clear()
+        out = sdpa(q, k, v, memory_budget=budget)
+        assert calls[-1][0] == tier, (budget, calls)
+        assert (out.double() - ref).abs().max() < 1e-5
+    # where chunked holds S and P apart (GPUs: 8 bytes a score), inplace (4) comes between
+    monkeypatch.setitem(memory.CHUNKED_SCORE_BUFFERS, "cpu", 2)
     for budget, tier in [(1 << 30, "chunked"), (row * 8 * 16, "chunked"), (row * 8 * 10, "inplace"),
                          (row * 4 * 8, "online")]:
         calls.clear()
@@ -112,12 +120,13 @@ def test_plans_fit_the_budget():
     p = normalize(q, k, v)
     num = choose_numerics(p.dtype, p.device)
     budget = 64 << 20
-    for tier, per in (("chunked", 8), ("inplace", 4)):
+    for tier, per in (("chunked", 4), ("inplace", 4)):  # CPU chunked: P overwrites S
         plan = plan_forward(p, num, tier, budget)
         assert plan.block_q * plan.block_h * 4096 * per <= budget
     plan = plan_forward(p, num, "online", 1 << 18)
     assert plan is not None and plan.block_q * plan.block_kv * plan.block_h * 12 <= (1 << 18)
-    assert plan_forward(p, num, "chunked", 1 << 18) is None  # 16 rows x 4096 keys x 8 bytes > 256 KiB
+    assert plan_forward(p, num, "chunked", 1 << 18) is not None  # 16 rows x 4096 keys x 4 bytes = 256 KiB
+    assert plan_forward(p, num, "chunked", (1 << 18) - 1) is None
 
 
 def test_free_memory_on_cpu_and_explicit_budget():
