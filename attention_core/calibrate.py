@@ -2,7 +2,7 @@
 
     python -m attention_core.calibrate [--device cpu] [--dtype fp32] [--model wan22-5b] [--comfyui PATH]
 
-Measures on this device and dtype (each the best of a few runs, well under a minute on a CPU):
+Measures on this device and dtype (each the best of a few runs; about half a minute on a quiet 2-core CPU):
   pack      the engine's attention (tier auto, the pack's recommended setting) at a few token counts
   subquad   ComfyUI's sub-quadratic attention (its default without xformers / pytorch attention), same shapes
   math      torch's math SDPA at the shapes whose score matrix fits comfortably

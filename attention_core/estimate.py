@@ -244,7 +244,7 @@ def report(spec, width: int, height: int, frames: int, calib: Optional[dict], wh
     if calib is None:
         cmd = CALIBRATE_CMD + (f" --out {where}" if where else "")
         return (f"  time per step: no calibration of this device{(' at ' + where) if where else ''}, so no estimate; "
-                f"run `{cmd}` (under a minute) and ask again")
+                f"run `{cmd}` (about a minute) and ask again")
     rt = run_time(spec, width, height, frames, calib, tokens, steps, batch, blocks)
     gbps, measured = elementwise_rate(calib, spec.width)
     depth = (f"all {_blocks(spec.layers)} a step" if rt["blocks"] == spec.layers else

@@ -352,10 +352,10 @@ def test_report_without_a_calibration_says_how_to_make_one():
     spec = plan.MODELS["wan22-5b"]
     assert estimate.report(spec, 832, 480, 41, None, "/x/c.json") == (
         "  time per step: no calibration of this device at /x/c.json, so no estimate; "
-        "run `python -m attention_core.calibrate --out /x/c.json` (under a minute) and ask again")
+        "run `python -m attention_core.calibrate --out /x/c.json` (about a minute) and ask again")
     assert estimate.report(spec, 832, 480, 41, None) == (
         "  time per step: no calibration of this device, so no estimate; "
-        "run `python -m attention_core.calibrate` (under a minute) and ask again")
+        "run `python -m attention_core.calibrate` (about a minute) and ask again")
 
 
 def test_wan_14b_runs_wans_default_schedule():
