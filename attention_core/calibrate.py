@@ -2,12 +2,15 @@
 
     python -m attention_core.calibrate [--device cpu] [--dtype fp32] [--model wan22-5b] [--comfyui PATH]
 
-Measures on this device and dtype (each the best of a few runs, well under a minute on a CPU):
+Measures on this device and dtype (each the best of a few runs; about half a minute on a quiet 2-core CPU):
   pack      the engine's attention (tier auto, the pack's recommended setting) at a few token counts
   subquad   ComfyUI's sub-quadratic attention (its default without xformers / pytorch attention), same shapes
   math      torch's math SDPA at the shapes whose score matrix fits comfortably
-  gemm      dense GEMMs at the model's linear-layer shapes (width x width, width x FFN width)
-and stores FLOP rates (GFLOP/s; attention FLOPs = 4 * heads * N^2 * head_dim) in calibration-<device>.json
+  gemm      dense GEMMs at the model's linear-layer shapes (width x width, width x FFN width and FFN width x
+            width), at 512 rows (the text side's rows) and 4,096 (a video's: the layers run N tokens x the batch)
+  elementwise  memory-bound passes over a 4,096-token activation (LayerNorm, RMSNorm, the modulation's addcmul,
+            the tanh GELU, a residual add): bytes read plus written over their time, GB/s
+and stores the rates (GFLOP/s; attention FLOPs = 4 * heads * N^2 * head_dim; elementwise GB/s) in calibration-<device>.json
 next to the tile profiles (attention_core.profiles.profile_dir), with the date and the device name.
 The file's rules (validated on load, atomic writes) are in attention_core.calibration.
 Each rate is printed with the load it was measured at (other processes' runnable threads, "others", from
@@ -18,8 +21,11 @@ attention_core.machine_load) and the file records the run's ("load"); when other
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import json
 import math
+import os
 import sys
 import time
 from typing import Optional
@@ -29,7 +35,14 @@ from .calibration import VERSION, calibration_path, save
 
 TOKENS = (1024, 2048, 4096)
 HEADS = 8          # calibration heads (rates are per FLOP; 24 heads would only make it slower to measure)
-GEMM_ROWS = 512    # token rows of the calibration GEMMs
+# token rows of the calibration GEMMs: 512 (a text's 512 tokens, batch 1) and 4,096 (the video side: 2,340 to
+# 8,580 rows at the demo's and the 480p workflow's sizes with CFG; the rate at 512 rows was above what the
+# model's own layers reach)
+GEMM_ROWS = (512, 4096)
+ELEMENTWISE_ROWS = 4096  # token rows of the elementwise passes (an activation far larger than the caches)
+# the passes timed, with the elements each reads plus writes per element of x (attention_core.estimate counts a
+# block's passes the same way)
+ELEMENTWISE_OPS = ("layer_norm", "rms_norm", "addcmul", "gelu", "add")
 MATH_MAX_SCORES = 1 << 26
 
 
@@ -102,21 +115,54 @@ def measure(device: str = "cpu", dtype: str = "fp32", model: str = "wan22-5b", t
                                     "gflops": fl / _timed(monitor, ("math", n), mth, repeats) / 1e9})
             del q, k, v
         gemm = []
-        x = torch.randn(GEMM_ROWS, spec.width, generator=g).to(dev, td)
-        for out_w in (spec.width, spec.ffn):
-            w = torch.randn(out_w, spec.width, generator=g).to(dev, td)
+        for rows in GEMM_ROWS:
+            for k_w, out_w in ((spec.width, spec.width), (spec.width, spec.ffn), (spec.ffn, spec.width)):
+                x = torch.randn(rows, k_w, generator=g).to(dev, td)
+                w = torch.randn(out_w, k_w, generator=g).to(dev, td)
 
-            def mm():
-                torch.nn.functional.linear(x, w)
-                sync()
-            fl = 2.0 * GEMM_ROWS * spec.width * out_w
-            gemm.append({"m": GEMM_ROWS, "k": spec.width, "n": out_w,
-                         "gflops": fl / _timed(monitor, ("gemm", out_w), mm, repeats) / 1e9})
+                def mm():
+                    torch.nn.functional.linear(x, w)
+                    sync()
+                fl = 2.0 * rows * k_w * out_w
+                gemm.append({"m": rows, "k": k_w, "n": out_w,
+                             "gflops": fl / _timed(monitor, ("gemm", rows, k_w, out_w), mm, repeats) / 1e9})
+                del x, w
+        elementwise = [measure_elementwise(torch, dev, td, ELEMENTWISE_ROWS, spec.width, g, sync, repeats,
+                                           monitor)]
     name, arch = _device_name(device)
     return {"version": VERSION, "device": f"{name} ({arch})", "dtype": dtype, "model": model,
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "attention": {k: v for k, v in att.items() if v}, "gemm": gemm}
+            "attention": {k: v for k, v in att.items() if v}, "gemm": gemm, "elementwise": elementwise}
+
+
+def elementwise_ops(torch, x, y, scale, weight):
+    """{name: (elements read plus written per element of x, the pass)} of ELEMENTWISE_OPS on x [rows, width]."""
+    F = torch.nn.functional
+    return {"layer_norm": (2, lambda: F.layer_norm(x, x.shape[-1:], eps=1e-6)),
+            "rms_norm": (2, lambda: F.rms_norm(x, x.shape[-1:], weight, eps=1e-6)),
+            "addcmul": (3, lambda: torch.addcmul(x, y, scale)),
+            "gelu": (2, lambda: F.gelu(x, approximate="tanh")),
+            "add": (3, lambda: x + y)}
+
+
+def measure_elementwise(torch, dev, td, rows: int, width: int, g, sync, repeats: int, monitor=None) -> dict:
+    """{"rows", "width", "gbps"}: the bytes ELEMENTWISE_OPS read and write on a [rows, width] activation over
+    the sum of their best times (one span ("elementwise", rows) of `monitor`)."""
+    x, y = (torch.randn(rows, width, generator=g).to(dev, td) for _ in range(2))
+    scale, weight = (torch.randn(1, width, generator=g).to(dev, td) for _ in range(2))
+    ops = elementwise_ops(torch, x, y, scale, weight[0])
+    moved = seconds = 0.0
+    with monitor.span(("elementwise", rows)) if monitor is not None else contextlib.nullcontext():
+        for name in ELEMENTWISE_OPS:
+            units, fn = ops[name]
+
+            def run(fn=fn):
+                fn()
+                sync()
+            seconds += _best(run, repeats)
+            moved += units * x.numel() * x.element_size()
+    return {"rows": rows, "width": width, "gbps": moved / seconds / 1e9}
 
 
 def main(argv=None) -> int:
@@ -135,6 +181,12 @@ def main(argv=None) -> int:
                          "runnable threads above a quarter of the cores on average); the file records the load")
     a = ap.parse_args(argv)
     dtype = a.dtype or ("fp32" if a.device == "cpu" else "fp16")
+    target = a.out or calibration_path(a.device, dtype)
+    if a.out is None:  # --out was checked as it was parsed; the default path too, before a minute of measuring
+        bad = cli_args.writable_path(target)
+        if bad:
+            cli_args.fail(ap, "--out", f"cannot write the default calibration file {target!r}: {bad}; pass --out "
+                                       "FILE (or set TILED_ATTENTION_PROFILE_DIR)")
     from .bench import default_comfyui
     comfyui = a.comfyui or default_comfyui()
     monitor = machine_load.Monitor(force=a.force_busy)
@@ -146,7 +198,14 @@ def main(argv=None) -> int:
         return 2
     data["load"] = load = monitor.summary()
     refused = machine_load.refusal(load, "the calibration")
-    path = None if refused else save(data, a.out or calibration_path(a.device, dtype))
+    path = failed = None
+    if not refused:
+        try:
+            path = save(data, target)
+        except OSError as e:  # checked before measuring, so only a change since (the folder removed, a full disk)
+            kept = cli_args.keep_elsewhere(json.dumps(data, indent=1), os.path.basename(target))
+            failed = (f"could not write {target!r} ({e.strerror or e})" + (f"; the calibration is in {kept!r}: "
+                      f"copy it there" if kept else ""))
 
     def rate(key, text, gflops):  # a rate, with the load it was measured at when known
         span = monitor.figures.get(key)
@@ -155,13 +214,16 @@ def main(argv=None) -> int:
     for kind, rows in data["attention"].items():
         print(f"  attention {kind:<8} " + ", ".join(rate((kind, r["tokens"]), f"N {r['tokens']}", r["gflops"])
                                                    for r in rows) + " GFLOP/s")
-    print("  GEMM               " + ", ".join(rate(("gemm", r["n"]), f"{r['m']}x{r['k']}x{r['n']}", r["gflops"])
-                                              for r in data["gemm"]) + " GFLOP/s")
+    print("  GEMM               " + ", ".join(rate(("gemm", r["m"], r["k"], r["n"]), f"{r['m']}x{r['k']}x{r['n']}",
+                                                   r["gflops"]) for r in data["gemm"]) + " GFLOP/s")
+    for r in data.get("elementwise", ()):
+        print("  elementwise        " + rate(("elementwise", r["rows"]), f"{r['rows']}x{r['width']}", r["gbps"])
+              + " GB/s")
     if not comfyui:
         print("  (ComfyUI not found: sub-quadratic not measured; pass --comfyui PATH)")
     print(f"  measured at: {machine_load.describe(load)}")
-    if refused:
-        print(f"error: {refused}", file=sys.stderr)
+    if refused or failed:
+        print(f"error: {refused or failed}", file=sys.stderr)
         return 2
     return 0
 

@@ -38,11 +38,16 @@ def calibration_path(device: str = "cpu", dtype: str = "fp32") -> str:
 # - attention `tokens`: 1 to 1e9 (calibrate measures 1,024-4,096; the rates are interpolated on log(tokens)).
 # - GEMM `n` (output columns of the measured shape): a whole number from 1 to 2^20 (the models' widest linear
 #   layer is under 20,000 columns); the estimate takes log(n / width), so 0, negatives, null, strings or a
-#   400-digit number crashed it.
+#   400-digit number crashed it. `m` (rows) and `k` (input width), optional (an entry without them matches any
+#   rows or width), whole numbers from 1 to 2^20 when present: the estimate takes their logarithms too.
+# - `elementwise` (optional: calibrations made before it was measured have none): a non-empty list of entries
+#   whose `gbps` (GB/s of memory-bound passes) is from 1e-6 (1 KB/s) to 1e5 (100 TB/s, twenty times the
+#   fastest accelerator memory); bytes over a rate in range is a finite time, as for the FLOP rates.
 # - `device`, `dtype`, `date`: printed in the report's heading: non-empty printable text of at most 200 characters.
 MIN_GFLOPS, MAX_GFLOPS = 1e-6, 1e7
 MAX_TOKENS = 1e9
 MAX_GEMM_N = 2 ** 20
+MIN_GBPS, MAX_GBPS = 1e-6, 1e5
 MAX_TEXT = 200
 _show = reprlib.Repr()
 _show.maxstring, _show.maxother, _show.maxlong = 40, 40, 40
@@ -57,11 +62,12 @@ def _fmt(x) -> str:
     return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
 
 
-def _entry(r, fields) -> Optional[str]:
-    """What is wrong with a measurement entry `r` whose `fields` are {name: (lo, hi, whole)}, or None."""
+def _entry(r, fields, optional=None) -> Optional[str]:
+    """What is wrong with a measurement entry `r` whose `fields` are {name: (lo, hi, whole)} (and `optional`
+    fields, the same, checked when present), or None."""
     if not isinstance(r, dict):
         return f"{type(r).__name__} instead of an object"
-    for name, (lo, hi, whole) in fields.items():
+    for name, (lo, hi, whole) in {**fields, **{k: v for k, v in (optional or {}).items() if k in r}}.items():
         x = r.get(name)
         if not _number(x, lo, hi) or (whole and not isinstance(x, int)):
             kind = "a whole number" if whole else "a number"
@@ -71,6 +77,8 @@ def _entry(r, fields) -> Optional[str]:
 
 _ATTENTION = {"tokens": (1, MAX_TOKENS, False), "gflops": (MIN_GFLOPS, MAX_GFLOPS, False)}
 _GEMM = {"n": (1, MAX_GEMM_N, True), "gflops": (MIN_GFLOPS, MAX_GFLOPS, False)}
+_GEMM_OPTIONAL = {"m": (1, MAX_GEMM_N, True), "k": (1, MAX_GEMM_N, True)}
+_ELEMENTWISE = {"gbps": (MIN_GBPS, MAX_GBPS, False)}
 
 
 def validate(data) -> Optional[str]:
@@ -101,9 +109,17 @@ def validate(data) -> Optional[str]:
     if not isinstance(gemm, list) or not gemm:
         return "'gemm' needs a non-empty list of measurements"
     for i, r in enumerate(gemm):
-        bad = _entry(r, _GEMM)
+        bad = _entry(r, _GEMM, _GEMM_OPTIONAL)
         if bad:
             return f"gemm entry {i}: {bad}"
+    if "elementwise" in data:
+        ew = data["elementwise"]
+        if not isinstance(ew, list) or not ew:
+            return "'elementwise' is not a non-empty list of measurements"
+        for i, r in enumerate(ew):
+            bad = _entry(r, _ELEMENTWISE)
+            if bad:
+                return f"elementwise entry {i}: {bad}"
     if "load" in data and load_problem(data["load"]):  # optional: the load calibrate measured at
         return f"'load' {load_problem(data['load'])}"
     return None

@@ -4,6 +4,10 @@
 below are argparse `type=` callables: each returns the cleaned value or raises argparse.ArgumentTypeError with
 what the flag accepts, which argparse prefixes with "argument --flag:". Comma lists come back as the cleaned
 comma-separated string (callers split on ","), so code that read the raw string keeps working.
+Output paths are checked by trying, before any work: a file is created in the folder and removed again, and an
+existing file is opened for appending (nothing truncated), because permission bits say "yes" to root on a read-only
+mount and say nothing of ACLs; `output_file`, `writable_path` (a default path whose folder may still be made) and
+`keep_elsewhere` (where a result goes when writing it fails anyway) serve the commands that measure for minutes.
 torch is imported only inside `device` and `default_device` (attention_core.plan stays torch-free at import).
 """
 from __future__ import annotations
@@ -11,6 +15,8 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import tempfile
+from typing import Optional
 
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp64": "float64"}
@@ -128,19 +134,103 @@ def existing_file(s):
     return s
 
 
+def _not_a_folder(folder: str) -> Optional[str]:
+    """The nearest existing path at or above `folder` when it is not a folder (a file where a folder should be:
+    nothing can be made under it), else None."""
+    p = os.path.abspath(folder)
+    while not os.path.lexists(p):
+        parent = os.path.dirname(p)
+        if parent == p:
+            return None
+        p = parent
+    return None if os.path.isdir(p) else p
+
+
+def _try_write(folder: str) -> Optional[str]:
+    """None when a file can be created in the existing `folder` (it is removed again), else why not."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".tiled-attention-write-check-", dir=folder)
+    except OSError as e:
+        return f"folder {folder!r} is not writable ({e.strerror or e})"
+    os.close(fd)
+    try:
+        os.unlink(tmp)
+    except OSError:
+        pass
+    return None
+
+
+def folder_problem(folder: str, create: bool = False) -> Optional[str]:
+    """Why no file can be written in `folder`, or None. A path component that is a file: "'...' is a file, not a
+    folder"; a missing folder: "does not exist" (create: fine when its nearest existing parent is writable, as
+    attention_core.jsonfile makes missing folders); permissions are read (os.access) and then tried."""
+    blocker = _not_a_folder(folder)
+    if blocker is not None:
+        return f"{blocker!r} is a file, not a folder" if os.path.isfile(blocker) else f"{blocker!r} is not a folder"
+    folder = os.path.abspath(folder)
+    probe = folder
+    if not os.path.isdir(folder):
+        if not create:
+            return f"folder {folder!r} does not exist"
+        while not os.path.isdir(probe):
+            probe = os.path.dirname(probe)
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"folder {probe!r} is not writable" + ("" if probe == folder else f", so {folder!r} cannot be made")
+    return _try_write(probe)
+
+
+def file_problem(path: str) -> Optional[str]:
+    """Why the existing regular file `path` cannot be overwritten (read-only, or opening it for appending fails:
+    nothing is truncated or changed), or None (also when it does not exist)."""
+    if not os.path.isfile(path):
+        return None
+    if not os.access(path, os.W_OK):
+        return f"file {path!r} is not writable (read-only)"
+    try:
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as e:
+        return f"file {path!r} is not writable ({e.strerror or e})"
+    return None
+
+
+def writable_path(path: str) -> Optional[str]:
+    """Why the file `path` cannot be written, or None: not a folder, its folder writable or makeable (folders are
+    created on save), an existing file itself writable. For a command's default output path, checked before
+    it measures."""
+    if os.path.isdir(path):
+        return f"{path!r} is a folder"
+    return folder_problem(os.path.dirname(os.path.abspath(path)), create=True) or file_problem(path)
+
+
 def output_file(s):
-    """A file path to write: not a folder, in a folder that exists and is writable."""
+    """A file path to write: not a folder, in a folder that exists and is writable (tried), and when the file
+    exists, the file itself writable (tried without truncating it)."""
     if not str(s).strip():
         raise _bad("a file path to write", s)
     if os.path.isdir(s):
         raise argparse.ArgumentTypeError(f"{s!r} is a folder; expected a file path to write")
     parent = os.path.dirname(os.path.abspath(s))
-    if not os.path.isdir(parent):
-        raise argparse.ArgumentTypeError(f"folder {parent!r} does not exist; expected a file path in an existing "
-                                         "folder")
-    if not os.access(parent, os.W_OK):
-        raise argparse.ArgumentTypeError(f"folder {parent!r} is not writable")
+    bad = folder_problem(parent)
+    if bad and not os.path.isdir(parent):  # a file where the folder should be, or a missing folder
+        raise argparse.ArgumentTypeError(f"{bad}; expected a file path in an existing folder")
+    bad = bad or file_problem(s)
+    if bad:
+        raise argparse.ArgumentTypeError(bad)
     return s
+
+
+def keep_elsewhere(text: str, name: str) -> Optional[str]:
+    """Write `text` to a new file in the temporary folder (its name starts with `name`) when the output a command
+    measured for could not be written after all (the folder vanished, the disk filled): the path, or None."""
+    stem, ext = os.path.splitext(os.path.basename(name))
+    try:
+        fd, path = tempfile.mkstemp(prefix=f"{stem}-", suffix=ext)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError:
+        return None
+    return path
 
 
 def comfyui_folder(s):

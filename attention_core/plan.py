@@ -66,6 +66,7 @@ COMFY_SUBQUAD_CHUNKS = (4096, 2048, 1024, 512, 256)
 TIERS = ("chunked", "inplace", "online")
 # the command line's accepted ranges (beyond any video these models make; the arithmetic holds everywhere in them)
 MAX_SIDE, MAX_FRAMES, MAX_BATCH, MIN_FREE_GB, MAX_FREE_GB = 16384, 10000, 256, 1e-6, 1e6
+MAX_BLOCKS = max(m.layers for m in MODELS.values())  # --blocks' range; each model then allows its own depth
 
 # benchmark / tuning shapes: name -> (model key in MODELS or None, width, height, frames, [N...], heads, head dim)
 PRESETS = {
@@ -94,10 +95,40 @@ def latent_shape(model: ModelSpec, width: int, height: int, frames: int) -> tupl
     return 1 + (frames - 1) // t, height // s_h, width // s_w
 
 
+def _smallest_side(pixels: int, scale: float) -> int:
+    """The smallest side s with int(s * scale) >= pixels (a stage's side, as attention_core.estimate.run_time
+    scales it)."""
+    s = max(1, math.ceil(pixels / scale))
+    while int(s * scale) < pixels:
+        s += 1
+    while s > 1 and int((s - 1) * scale) >= pixels:
+        s -= 1
+    return s
+
+
+def _smallest_stage(model: ModelSpec):
+    """The sampling stage (attention_core.estimate.STAGES) that runs at the smallest scale of the requested size,
+    or None when every stage runs at the full size."""
+    from .estimate import STAGES
+    stages = [st for st in STAGES.get(model.key, ()) if st.scale < 1]
+    return min(stages, key=lambda st: st.scale) if stages else None
+
+
 def min_size(model: ModelSpec) -> tuple:
-    """(width, height, frames): the smallest video with at least one token (the VAE's spatial compression; any
-    frame count >= 1 gives a latent frame)."""
-    return model.vae[2], model.vae[1], 1
+    """(width, height, frames): the smallest video whose every sampling stage has at least one token: one VAE
+    block (its spatial compression) at the smallest stage's scale (LTX-2.3's first stage samples at half the
+    size, so 64 x 64 pixels); any frame count >= 1 gives a latent frame."""
+    st = _smallest_stage(model)
+    scale = st.scale if st is not None else 1.0
+    return _smallest_side(model.vae[2], scale), _smallest_side(model.vae[1], scale), 1
+
+
+def min_size_reason(model: ModelSpec, pixels: str) -> str:
+    """Why min_size is what it is, in words: '... compresses <pixels> pixels into one latent[ and <stage> samples
+    at <scale> of the size]'."""
+    st = _smallest_stage(model)
+    return (f"its VAE compresses {pixels} pixels into one latent"
+            + (f" and its {st.name} samples at {st.scale:g} of the size" if st is not None else ""))
 
 
 def tokens(model: ModelSpec, width: int, height: int, frames: int) -> int:
@@ -252,8 +283,8 @@ def estimate(model: str, width: int, height: int, frames: int, free: int, dtype_
     least = min_size(spec)
     if any(x < m for x, m in zip((width, height, frames), least)):
         raise ValueError(f"attention_core.plan: {spec.title} needs width >= {least[0]}, height >= {least[1]} and "
-                         f"frames >= 1 (its VAE compresses {least[0]}x{least[1]} pixels into one latent; smaller "
-                         f"has no tokens), got {width}x{height}x{frames}")
+                         f"frames >= 1 ({min_size_reason(spec, f'{spec.vae[2]}x{spec.vae[1]}')}; smaller has no "
+                         f"tokens), got {width}x{height}x{frames}")
     n = tokens(spec, width, height, frames)
     bh = batch * spec.heads
     e = dtype_bytes
@@ -360,9 +391,10 @@ def report(est: dict) -> str:
 
 
 def time_report(est: dict, calibration: Optional[str] = None, steps=None, cpu: bool = False,
-                device: Optional[str] = None) -> str:
+                device: Optional[str] = None, blocks: Optional[int] = None) -> str:
     """The time section (attention_core.estimate.report) for `est`, from the calibration file `calibration` or
-    the one of `device` (default: the first GPU, else the CPU; --cpu: the CPU) in the tiles' compute dtype."""
+    the one of `device` (default: the first GPU, else the CPU; --cpu: the CPU) in the tiles' compute dtype;
+    blocks: the DiT blocks a step runs (default: all of the model's; 1 to compare with a one-block demo)."""
     from . import calibration as cal_file, cli_args, estimate as est_mod
     if calibration is None:
         if device is None:
@@ -370,7 +402,7 @@ def time_report(est: dict, calibration: Optional[str] = None, steps=None, cpu: b
         calibration = cal_file.calibration_path(device, compute_dtype(est["dtype"], device == "cpu",
                                                                        est["precision"]))
     return est_mod.report(est["model"], est["width"], est["height"], est["frames"], cal_file.load(calibration),
-                          calibration, steps, est["batch"], tokens)
+                          calibration, steps, est["batch"], tokens, blocks)
 
 
 def main(argv=None) -> int:
@@ -393,6 +425,10 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", default=None,
                     help="sampling steps per stage, comma-separated (default: the bundled workflows': wan 20, "
                          "ltx23 20,3)")
+    ap.add_argument("--blocks", type=cli_args.int_range(1, MAX_BLOCKS), default=None,
+                    help="DiT blocks a step runs, to compare with a run of fewer blocks (./dev demo runs 1, --full "
+                         "2): each time is then for that many; default: all of the model's (" +
+                         ", ".join(f"{k} {m.layers}" for k, m in MODELS.items()) + ")")
     ap.add_argument("--calibration", default=None,
                     help="calibration file for the time estimate (default: this device's, from "
                          "python -m attention_core.calibrate)")
@@ -404,10 +440,14 @@ def main(argv=None) -> int:
             cli_args.fail(ap, "--calibration", f"{bad} (make a new one with python -m attention_core.calibrate "
                                                "--out FILE)")
     spec = MODELS[a.model]
-    for flag, value, least in zip(("--width", "--height"), (a.width, a.height), min_size(spec)):
+    for flag, value, least, vae in zip(("--width", "--height"), (a.width, a.height), min_size(spec),
+                                       (spec.vae[2], spec.vae[1])):
         if value < least:
-            cli_args.fail(ap, flag, f"{spec.title} needs at least {least} pixels (its VAE compresses {least} "
-                                    f"pixels into one latent, so fewer give no video tokens), got {value}")
+            cli_args.fail(ap, flag, f"{spec.title} needs at least {least} pixels ({min_size_reason(spec, str(vae))}, "
+                                    f"so fewer give no video tokens), got {value}")
+    if a.blocks is not None and a.blocks > spec.layers:
+        cli_args.fail(ap, "--blocks", f"{spec.title} has {spec.layers} blocks; give a whole number from 1 to "
+                                      f"{spec.layers}, got {a.blocks}")
     from .estimate import STAGES
     try:
         steps = None if a.steps is None else [int(x) for x in a.steps.split(",")]
@@ -424,7 +464,7 @@ def main(argv=None) -> int:
                    dtype=a.dtype, precision=a.precision, layout=a.layout)
     print(report(est))
     print(f"\n  (free memory: {where}; numbers per attention call and per batch item x {a.batch})")
-    print("\n" + time_report(est, a.calibration, steps, cpu=a.cpu))
+    print("\n" + time_report(est, a.calibration, steps, cpu=a.cpu, blocks=a.blocks))
     return 0
 
 

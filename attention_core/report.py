@@ -9,7 +9,9 @@ The benchmark is attention_core.bench at preset wan22-5b-480p (N=4,290 tokens, 2
 torch's default SDPA, this pack's tiers, and ComfyUI's sub-quadratic attention when a ComfyUI is found (--comfyui,
 $COMFYUI_LATEST_PATH / $COMFYUI_PATH, or the ComfyUI this pack is installed in). Full size, 3 rounds, is the default
 on GPUs; --quick (the default on the CPU) keeps 2 of the 24 heads and runs one round. Each section runs on its own:
-one that fails is written into the file with its error, and the rest still run. Prints the file's path.
+one that fails is written into the file with its error, and the rest still run. Prints the file's path. The output
+file is checked before anything runs (its folder and, when it exists, the file itself: attention_core.cli_args);
+if writing still fails at the end, the report goes to a temporary file whose path the error line names.
 """
 from __future__ import annotations
 
@@ -262,8 +264,16 @@ def main(argv=None) -> int:
         except Exception as e:  # noqa: BLE001 - argparse.ArgumentTypeError, said as the flag's error
             cli_args.fail(ap, "--out", f"the default {e}; pass --out PATH")
     text = build(device, quick, a.comfyui or find_comfyui(), log=lambda s: print(s, flush=True))
-    with open(out, "w", encoding="utf-8") as f:
-        f.write(text)
+    try:
+        with open(out, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:  # checked before the benchmark, so only a change since: the report is not thrown away
+        kept = cli_args.keep_elsewhere(text, os.path.basename(out))
+        print(f"error: could not write {out!r} ({e.strerror or e})" + (f"; the report is in {kept!r}" if kept
+                                                                        else ""), file=sys.stderr)
+        if not kept:
+            print(text)
+        return 2
     print(f"wrote {os.path.abspath(out)}\npaste it into an issue: {ISSUES}")
     return 0
 

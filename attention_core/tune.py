@@ -22,6 +22,7 @@ profile, TILED_ATTENTION_TUNE=off, or the tile would exceed the memory budget.
 """
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import sys
@@ -30,7 +31,8 @@ import time
 from . import machine_load
 from .memory import ONLINE_BLOCK_KV, tile_budget, tile_for
 from .oom import is_oom, release_cached
-from .profiles import PROFILE_VERSION, _device_name, bytes_per_score, profile_path, save_profile, tuned_blocks_for
+from .profiles import (PROFILE_VERSION, _device_name, bytes_per_score, profile_dir, profile_name, profile_path,
+                       save_profile, tuned_blocks_for)
 from .sdpa import scaled_dot_product_attention
 
 TOLERANCE = 0.03  # a tile within 3 % of the fastest counts as fast; the smallest of those is kept
@@ -292,6 +294,12 @@ def main(argv=None) -> int:
         for n, h, d in preset_shapes(p.strip()):
             if (h, min(n, a.max_n), d) not in shapes:
                 shapes.append((h, min(n, a.max_n), d))
+    target = a.out or os.path.join(profile_dir(), profile_name(device))  # where save_profile writes
+    if a.out is None and not a.layouts:  # --out was checked as it was parsed; the default too, before minutes of work
+        bad = cli_args.writable_path(target)
+        if bad:
+            cli_args.fail(ap, "--out", f"cannot write the default profile {target!r}: {bad}; pass --out FILE (or "
+                                       "set TILED_ATTENTION_PROFILE_DIR)")
     print(f"# {'layouts on' if a.layouts else 'tuning'} {device} ({' / '.join(_device_name(device))}), torch "
           f"{torch.__version__}, {torch.get_num_threads()} threads, dtypes {dtypes}, shapes {shapes}", flush=True)
     monitor = machine_load.Monitor(force=a.force_busy)
@@ -319,7 +327,13 @@ def main(argv=None) -> int:
         print(f"error: {refused}", file=sys.stderr)
         return 2
     prof["load"] = load
-    path = save_profile(prof, device, a.out)
+    try:
+        path = save_profile(prof, device, target)
+    except OSError as e:  # checked before tuning, so only a change since (the folder removed, a full disk)
+        kept = cli_args.keep_elsewhere(json.dumps(prof, indent=1), os.path.basename(target))
+        print(f"error: could not write {target!r} ({e.strerror or e})" + (f"; the profile is in {kept!r}: copy it "
+              "there" if kept else ""), file=sys.stderr)
+        return 2
     read = profile_path(device)
     if os.path.abspath(path) == os.path.abspath(read):
         print(f"saved {path}; tier 'auto' uses it, in ComfyUI too (unless <ComfyUI user directory>/tiled-attention/"

@@ -1,6 +1,8 @@
 """Attention Fit: will a video fit? Tokens, per-call attention and FFN memory, and the settings to use, for a
 model family, resolution and frame count (the numbers of `python -m attention_core.plan`),
-and the time per step and for the run from this device's calibration (attention_core.estimate)."""
+and the time per step, per block and for the run from this device's calibration (attention_core.estimate), for
+all of the model's blocks or `blocks` of them (`plan --blocks`). A size where a sampling stage has no tokens is
+refused by plan.estimate, naming the smallest size that works."""
 from __future__ import annotations
 
 from ..attention_core import plan
@@ -40,6 +42,10 @@ class AttentionFit(io.ComfyNode):
                                tooltip="the dtype attention runs in"),
                 io.Float.Input("free_gb", default=0.0, min=0.0, max=4096.0, step=0.5,
                                tooltip="free memory to plan for; 0 = what ComfyUI's device has free now"),
+                io.Int.Input("blocks", default=0, min=0, max=plan.MAX_BLOCKS, step=1, optional=True,
+                             tooltip="DiT blocks a step runs for the time estimate: 0 = all of the model's (Wan "
+                                     "2.2 5B 30, Wan 14B 40, LTX-2.3 48); 1 to compare with a one-block run such "
+                                     "as ./dev demo (the report gives the time per block too)"),
             ],
             outputs=[io.String.Output(display_name="report")],
             is_output_node=True,
@@ -50,10 +56,15 @@ class AttentionFit(io.ComfyNode):
         return float("nan")  # free_gb 0 reads the free memory now: never cached (the node is cheap)
 
     @classmethod
-    def execute(cls, model, width, height, frames, dtype, free_gb) -> io.NodeOutput:
+    def execute(cls, model, width, height, frames, dtype, free_gb, blocks=0) -> io.NodeOutput:
+        spec = plan.MODELS.get(model)
+        if spec is not None and (isinstance(blocks, bool) or not isinstance(blocks, int)
+                                 or not 0 <= blocks <= spec.layers):
+            raise ValueError(f"Attention Fit: {spec.title} has {spec.layers} blocks; set blocks from 1 to "
+                             f"{spec.layers}, or 0 for all of them, got {blocks!r}")
         free = int(free_gb * plan.GB) if free_gb > 0 else free_memory_here()
         device = device_here()
         est = plan.estimate(model, width, height, frames, free, 4 if dtype == "fp32" else 2, cpu=device == "cpu",
                             dtype=dtype)
-        text = plan.report(est) + "\n\n" + plan.time_report(est, device=device)
+        text = plan.report(est) + "\n\n" + plan.time_report(est, device=device, blocks=blocks or None)
         return io.NodeOutput(text, ui={"text": [text]})

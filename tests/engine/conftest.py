@@ -29,3 +29,33 @@ def quiet_machine(monkeypatch):
     tested with readings of their own (tests/engine/test_machine_load.py)."""
     from attention_core import machine_load
     monkeypatch.setattr(machine_load, "others_runnable", lambda pids=None, proc=None: 0)
+
+
+@pytest.fixture
+def unwritable_folder(monkeypatch):
+    """make(path): a folder (created) in which nothing can be created, even by root, as on a read-only mount:
+    tempfile.mkstemp and tempfile.mkdtemp refuse it with EACCES. Where the tests do not run as root, the folder
+    is also made read-only for real (mode 555), which root's permission checks would ignore. Restored after."""
+    import errno
+    import os
+    import tempfile
+    folders = []
+
+    def refusing(real):
+        def make_in(*args, dir=None, **kwargs):
+            if dir is not None and os.path.realpath(dir) in folders:
+                raise PermissionError(errno.EACCES, "Permission denied", dir)
+            return real(*args, dir=dir, **kwargs)
+        return make_in
+    monkeypatch.setattr(tempfile, "mkstemp", refusing(tempfile.mkstemp))
+    monkeypatch.setattr(tempfile, "mkdtemp", refusing(tempfile.mkdtemp))
+
+    def make(path):
+        path.mkdir(parents=True, exist_ok=True)
+        folders.append(os.path.realpath(str(path)))
+        if os.geteuid() != 0:
+            path.chmod(0o555)
+        return path
+    yield make
+    for folder in folders:
+        os.chmod(folder, 0o755)

@@ -53,6 +53,24 @@ def _calib():
      "gemm entry 1: 'gflops' 0 is not a number from 1e-06 to 10,000,000"),
     (lambda d: {**d, "gemm": d["gemm"] + [{"gflops": 5}]}, "gemm entry 1: 'n' None is not a whole number from 1 to "
                                                            "1,048,576"),
+    # optional fields, checked when present (the estimate takes their logarithms): rows m, input width k, and the
+    # elementwise bandwidth
+    (lambda d: {**d, "gemm": [{**d["gemm"][0], "m": 0}]}, "gemm entry 0: 'm' 0 is not a whole number from 1 to "
+                                                           "1,048,576"),
+    (lambda d: {**d, "gemm": [{**d["gemm"][0], "m": "512"}]}, "gemm entry 0: 'm' '512' is not a whole number from "
+                                                               "1 to 1,048,576"),
+    (lambda d: {**d, "gemm": [{**d["gemm"][0], "k": 3072.5}]}, "gemm entry 0: 'k' 3072.5 is not a whole number "
+                                                                "from 1 to 1,048,576"),
+    (lambda d: {**d, "gemm": [{**d["gemm"][0], "k": None}]}, "gemm entry 0: 'k' None is not a whole number from 1 "
+                                                              "to 1,048,576"),
+    (lambda d: {**d, "elementwise": []}, "'elementwise' is not a non-empty list of measurements"),
+    (lambda d: {**d, "elementwise": {"gbps": 5}}, "'elementwise' is not a non-empty list of measurements"),
+    (lambda d: {**d, "elementwise": [{"gbps": 0}]}, "elementwise entry 0: 'gbps' 0 is not a number from 1e-06 to "
+                                                     "100,000"),
+    (lambda d: {**d, "elementwise": [{"gbps": 5.0}, {"gbps": 1e6}]},
+     "elementwise entry 1: 'gbps' 1000000.0 is not a number from 1e-06 to 100,000"),
+    (lambda d: {**d, "elementwise": [{"rows": 4096}]}, "elementwise entry 0: 'gbps' None is not a number from 1e-06 "
+                                                        "to 100,000"),
 ])
 def test_validate_names_what_is_wrong(change, problem):
     """The first problem of a bad calibration, as the load warning and save's error show it."""
@@ -65,6 +83,15 @@ def test_rates_must_be_positive_finite_numbers(bad):
     assert calibration.validate({**_calib(), "gemm": [{"n": 3072, "gflops": bad}]}) is not None
     assert calibration.validate({**_calib(), "attention": {"pack": [{"tokens": 1024, "gflops": bad}]}}) is not None
     assert calibration.validate({**_calib(), "attention": {"pack": [{"tokens": bad, "gflops": 1.0}]}}) is not None
+
+
+def test_gemm_rows_and_widths_and_the_elementwise_rate_are_optional():
+    """A calibration from before issue 24 (no elementwise rate), or a GEMM entry without m or k, stays valid."""
+    base = _calib()
+    assert "elementwise" not in base and calibration.validate(base) is None
+    assert calibration.validate({**base, "gemm": [{"n": 3072, "gflops": 1.0}]}) is None
+    assert calibration.validate({**base, "elementwise": [{"rows": 4096, "width": 3072, "gbps": 12.5}]}) is None
+    assert calibration.validate({**base, "gemm": [{"m": 1, "k": 2 ** 20, "n": 1, "gflops": 1.0}]}) is None
 
 
 def test_a_usable_calibration_round_trips(tmp_path):
@@ -159,11 +186,14 @@ def test_measure_on_a_tiny_model(tiny, monkeypatch):
     rows = [{"tokens": n, "heads": 8, "head_dim": 8, "gflops": 4 * 8 * n * n * 8 / 0.5 / 1e9} for n in (16, 32, 48)]
     assert data["attention"]["pack"] == rows
     assert data["attention"]["math"] == rows[:2]
-    assert data["gemm"] == [{"m": 512, "k": 16, "n": 16, "gflops": 2 * 512 * 16 * 16 / 0.5 / 1e9},
-                            {"m": 512, "k": 16, "n": 48, "gflops": 2 * 512 * 16 * 48 / 0.5 / 1e9}]
-    assert tiny == [2] * 7
+    # GEMMs at the model's three linear shapes (width x width, the FFN's up and down), at 512 and 4,096 rows
+    assert data["gemm"] == [{"m": m, "k": k, "n": n, "gflops": 2 * m * k * n / 0.5 / 1e9}
+                            for m in (512, 4096) for k, n in ((16, 16), (16, 48), (48, 16))]
+    # five passes over a 4,096 x 16 fp32 activation moving 2 + 2 + 3 + 2 + 3 = 12 elements per element, 0.5 s each
+    assert data["elementwise"] == [{"rows": 4096, "width": 16, "gbps": 12 * 4096 * 16 * 4 / 2.5 / 1e9}]
+    assert tiny == [2] * 16
     calibrate.measure("cpu", "fp32", "tiny", tokens=(16,), repeats=5)
-    assert tiny[7:] == [5] * 4  # pack, math (16 tokens), two GEMMs
+    assert tiny[16:] == [5] * 13  # pack, math (16 tokens), six GEMMs, five elementwise passes
 
 
 def test_measure_hands_comfyui_its_own_layout(tiny, monkeypatch):
@@ -189,9 +219,29 @@ def test_measure_hands_comfyui_its_own_layout(tiny, monkeypatch):
 
 
 def test_the_default_token_counts_and_shapes():
-    """1024, 2048 and 4096 tokens over 8 heads (the math SDPA up to 2^26 scores: all three), GEMMs of 512 rows."""
-    assert calibrate.TOKENS == (1024, 2048, 4096) and calibrate.HEADS == 8 and calibrate.GEMM_ROWS == 512
-    assert calibrate.MATH_MAX_SCORES == 1 << 26
+    """1024, 2048 and 4096 tokens over 8 heads (the math SDPA up to 2^26 scores: all three), GEMMs of 512 rows
+    (a text's) and 4,096 (a video's: the model's own layers run thousands of rows), elementwise passes over 4,096
+    tokens: LayerNorm, RMSNorm, the modulation's addcmul, the GELU and a residual add."""
+    assert calibrate.TOKENS == (1024, 2048, 4096) and calibrate.HEADS == 8 and calibrate.GEMM_ROWS == (512, 4096)
+    assert calibrate.MATH_MAX_SCORES == 1 << 26 and calibrate.ELEMENTWISE_ROWS == 4096
+    assert calibrate.ELEMENTWISE_OPS == ("layer_norm", "rms_norm", "addcmul", "gelu", "add")
+
+
+def test_the_elementwise_passes_are_the_models_ops_with_their_traffic():
+    """Each timed pass is the torch op a block runs (LayerNorm without affine, RMSNorm with its weight, addcmul
+    with a broadcast row, the tanh GELU, an add), counted with the elements it reads plus writes."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(8, 16, generator=g), torch.randn(8, 16, generator=g)
+    scale, weight = torch.randn(1, 16, generator=g), torch.randn(16, generator=g)
+    ops = calibrate.elementwise_ops(torch, x, y, scale, weight)
+    assert list(ops) == list(calibrate.ELEMENTWISE_OPS)
+    assert {k: units for k, (units, _) in ops.items()} == {"layer_norm": 2, "rms_norm": 2, "addcmul": 3, "gelu": 2,
+                                                          "add": 3}
+    F = torch.nn.functional
+    want = {"layer_norm": F.layer_norm(x, (16,), eps=1e-6), "rms_norm": F.rms_norm(x, (16,), weight, eps=1e-6),
+            "addcmul": x + y * scale, "gelu": F.gelu(x, approximate="tanh"), "add": x + y}
+    for name, (_, fn) in ops.items():
+        torch.testing.assert_close(fn(), want[name])
 
 
 # --------------------------------------------------------------------------------------------- the command
@@ -308,3 +358,87 @@ def test_version_is_a_json_number(tmp_path):
     path.write_text(json.dumps(_calib()).replace('"version": 1', '"version": 1.0'))
     assert calibration.load(str(path))["version"] == 1
     assert calibration.validate({**_calib(), "version": 2.0}) == "version 2.0 is not 1"
+
+
+# ------------------------------------------------------------------------- an output that cannot be written
+def _refused(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        calibrate.main(argv)
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and out == "" and err.count("\n") == 1 and "Traceback" not in err, (out, err)
+    return err.rstrip("\n")
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_measuring(profdir, monkeypatch, capsys, fake_measure,
+                                                                       unwritable_folder):
+    """Issue 22.6: a file where the folder should be, or a folder nothing can be created in (tried, not read
+    from the permission bits: root passes those), whether --out names it or it is the default profile folder:
+    one error line, exit 2, before a minute of measuring; nothing is written."""
+    monkeypatch.setattr(bench, "default_comfyui", lambda: None)
+    monkeypatch.setattr(profiles, "_device_name", lambda device: ("Test CPU", "x86_64"))
+    blocker = profdir / "file"
+    blocker.write_text("a file, not a folder")
+    ro = unwritable_folder(profdir / "read-only")
+    assert _refused(["--out", str(blocker / "c.json")], capsys) == (
+        f"error: argument --out: {str(blocker)!r} is a file, not a folder; expected a file path in an existing folder")
+    assert _refused(["--out", str(blocker / "deeper" / "c.json")], capsys).startswith(
+        f"error: argument --out: {str(blocker)!r} is a file, not a folder")
+    assert _refused(["--out", str(ro / "c.json")], capsys).startswith(
+        f"error: argument --out: folder {str(ro)!r} is not writable")
+    for folder, why in [(blocker / "profiles", f"{str(blocker)!r} is a file, not a folder"),
+                        (ro, f"folder {str(ro)!r} is not writable"),
+                        (ro / "new", f"folder {str(ro)!r} is not writable")]:  # a folder that cannot be made
+        monkeypatch.setenv(profiles.ENV_DIR, str(folder))
+        path = calibration.calibration_path("cpu", "fp32")
+        assert path == str(folder / "calibration-test-cpu-x86-64-fp32.json")
+        err = _refused([], capsys)
+        assert err.startswith(f"error: argument --out: cannot write the default calibration file {path!r}: {why}"), err
+        assert err.endswith("; pass --out FILE (or set TILED_ATTENTION_PROFILE_DIR)")
+    assert fake_measure == []  # nothing measured
+    assert sorted(os.listdir(profdir)) == ["file", "read-only"] and os.listdir(ro) == []
+    # a default folder that does not exist yet but can be made is fine: it is made when the file is saved
+    monkeypatch.setenv(profiles.ENV_DIR, str(profdir / "new" / "deeper"))
+    assert calibrate.main([]) == 0 and len(fake_measure) == 1
+    assert calibration.load(str(profdir / "new" / "deeper" / "calibration-test-cpu-x86-64-fp32.json"))
+
+
+def test_a_write_that_fails_after_measuring_keeps_the_calibration(tmp_path, monkeypatch, capsys, fake_measure):
+    """Checked up front, the write can still fail later (the folder removed, the disk full): the rates are
+    printed, the calibration goes to a temporary file named in one error line, exit 2, no traceback."""
+    import errno
+    import tempfile
+
+    def full(data, path):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(calibrate, "save", full)
+    monkeypatch.setattr(bench, "default_comfyui", lambda: None)
+    kept_dir = tmp_path / "tmp"
+    kept_dir.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(kept_dir))
+    out = str(tmp_path / "c.json")
+    assert calibrate.main(["--out", out]) == 2
+    text, err = capsys.readouterr()
+    (kept,) = kept_dir.iterdir()
+    assert err == f"error: could not write {out!r} (No space left on device); the calibration is in " \
+                  f"{str(kept)!r}: copy it there\n"
+    assert kept.name.startswith("c-") and kept.name.endswith(".json")
+    saved = json.loads(kept.read_text())
+    assert saved["attention"]["pack"][0]["gflops"] == 12.34 and "load" in saved and calibration.validate(saved) is None
+    assert "-> not saved" in text and "N 1024: 12.3" in text  # the rates are printed too
+
+
+def test_cli_prints_the_elementwise_rate(tmp_path, monkeypatch, capsys):
+    """With an elementwise measurement, one line of GB/s after the GEMMs, with its load."""
+    def measure(device, dtype, model, comfyui=None, monitor=None):
+        with monitor.span(("elementwise", 4096)):
+            pass
+        return {"version": 1, "device": "Test CPU (x86_64)", "dtype": dtype, "model": model, "date": "today",
+                "attention": {"pack": [{"tokens": 1024, "gflops": 1.0}]},
+                "gemm": [{"m": 4096, "k": 3072, "n": 3072, "gflops": 150.0}],
+                "elementwise": [{"rows": 4096, "width": 3072, "gbps": 12.345}]}
+    monkeypatch.setattr(calibrate, "measure", measure)
+    monkeypatch.setattr(bench, "default_comfyui", lambda: "/comfy")
+    assert calibrate.main(["--out", str(tmp_path / "c.json")]) == 0
+    lines = capsys.readouterr().out.split("\n")
+    assert lines[2:4] == ["  GEMM               4096x3072x3072: 150.0 GFLOP/s",
+                          "  elementwise        4096x3072: 12.3 (others 0.0) GB/s"]

@@ -50,7 +50,15 @@ PLAN_CASES = [
     *[(with_(PLAN, f, v), f, "from 1 to") for f in ("--width", "--height", "--frames") for v in ("0", "-5")],
     (with_(PLAN, "--width", "8"), "--width", "at least 16 pixels"),            # a valid size with 0 tokens
     (with_(PLAN, "--height", "15"), "--height", "at least 16 pixels"),
-    (with_(with_(PLAN, "--model", "ltx23-22b"), "--height", "16"), "--height", "at least 32 pixels"),
+    (with_(with_(PLAN, "--model", "ltx23-22b"), "--height", "16"), "--height", "at least 64 pixels"),
+    # LTX-2.3's first stage samples at half the size: 32 pixels give its full-size stage one token, that one none
+    (with_(with_(with_(PLAN, "--model", "ltx23-22b"), "--width", "32"), "--height", "32"), "--width",
+     "at least 64 pixels"),
+    (with_(with_(PLAN, "--model", "ltx23-22b"), "--height", "63"), "--height", "stage 1 (half size) samples at 0.5"),
+    *[(PLAN + ["--blocks", v], "--blocks", "whole number from 1 to 48") for v in ("0", "-1", "49", str(10 ** 30),
+                                                                                   "1.5", "x", "", "1e3")],
+    (PLAN + ["--blocks", "31"], "--blocks", "Wan 2.2 TI2V 5B has 30 blocks; give a whole number from 1 to 30, got 31"),
+    (with_(PLAN, "--model", "wan-14b") + ["--blocks", "41"], "--blocks", "has 40 blocks"),
     (with_(PLAN, "--width", str(10 ** 30)), "--width", "16,384"),
     (with_(PLAN, "--width", "832.5"), "--width", "whole number"),
     (with_(PLAN, "--frames", "abc"), "--frames", "whole number"),
@@ -307,6 +315,72 @@ def test_file_checks_say_what_is_wrong(tmp_path):
     assert cli_args.comfyui_folder(str(comfy)) == str(comfy)
 
 
+def test_a_file_where_a_folder_should_be_is_named(tmp_path):
+    """Issue 22.7: --out file/x.md (file a regular file) said "folder does not exist"; now it says which path is a
+    file, however deep under it the output lies; a folder that is missing is still "does not exist"."""
+    from attention_core import cli_args
+    f = tmp_path / "file"
+    f.write_text("x")
+    want = f"{str(f)!r} is a file, not a folder; expected a file path in an existing folder"
+    assert _msg(cli_args.output_file, str(f / "x.md")) == want
+    assert _msg(cli_args.output_file, str(f / "a" / "b" / "x.md")) == want
+    assert _msg(cli_args.output_file, str(tmp_path / "missing" / "x.md")) == (
+        f"folder {str(tmp_path / 'missing')!r} does not exist; expected a file path in an existing folder")
+    assert cli_args.writable_path(str(f / "x.md")) == f"{str(f)!r} is a file, not a folder"
+    assert cli_args.folder_problem(str(f / "a"), create=True) == f"{str(f)!r} is a file, not a folder"
+
+
+def test_writability_is_tried_not_read_from_the_permission_bits(tmp_path, unwritable_folder):
+    """Root passes every permission check (os.access) yet cannot write on a read-only mount: a file is created
+    in the folder and removed again (nothing left behind), an existing file is opened for appending (nothing
+    truncated). Where the tests do not run as root, the folder is read-only for real too."""
+    from attention_core import cli_args
+    ok = tmp_path / "ok"
+    ok.mkdir()
+    assert cli_args.output_file(str(ok / "x.md")) == str(ok / "x.md") and os.listdir(ok) == []
+    (ok / "kept.md").write_text("kept")
+    assert cli_args.output_file(str(ok / "kept.md")) and (ok / "kept.md").read_text() == "kept"
+    ro = unwritable_folder(tmp_path / "ro")
+    assert _msg(cli_args.output_file, str(ro / "x.md")).startswith(f"folder {str(ro)!r} is not writable")
+    assert cli_args.folder_problem(str(ro)).startswith(f"folder {str(ro)!r} is not writable")
+    # a folder to be made (the default profile folder): its nearest existing parent must take it
+    assert cli_args.writable_path(str(ro / "a" / "b" / "x.json")).startswith(f"folder {str(ro)!r} is not writable")
+    assert cli_args.writable_path(str(ok / "a" / "b" / "x.json")) is None and os.listdir(ok) == ["kept.md"]
+    assert cli_args.writable_path(str(ok)) == f"{str(ok)!r} is a folder"
+    assert cli_args.folder_problem(str(ok / "new")) == f"folder {str(ok / 'new')!r} does not exist"
+
+
+def test_an_existing_file_is_tried_for_appending(tmp_path, monkeypatch):
+    """The file itself must take writes (the folder being writable is not enough for report's open(..., "w")):
+    tried by opening it to append, which changes nothing."""
+    import errno
+    from attention_core import cli_args
+    f = tmp_path / "report.md"
+    f.write_text("old")
+    seen = []
+
+    def refusing(path, mode="r", *a, **k):
+        seen.append(mode)
+        raise PermissionError(errno.EACCES, "Permission denied", path)
+    monkeypatch.setattr(cli_args, "open", refusing, raising=False)
+    assert _msg(cli_args.output_file, str(f)) == f"file {str(f)!r} is not writable (Permission denied)"
+    assert cli_args.writable_path(str(f)) == f"file {str(f)!r} is not writable (Permission denied)"
+    assert seen == ["a", "a"] and f.read_text() == "old"
+    assert cli_args.output_file(str(tmp_path / "new.md"))  # a file that does not exist is not opened
+    assert seen == ["a", "a"]
+
+
+def test_keep_elsewhere_writes_a_new_temporary_file(tmp_path, monkeypatch):
+    import tempfile
+    from attention_core import cli_args
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    path = cli_args.keep_elsewhere("text", "/some/where/report.md")
+    assert os.path.dirname(path) == str(tmp_path) and os.path.basename(path).startswith("report-")
+    assert path.endswith(".md") and open(path).read() == "text"
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "missing"))
+    assert cli_args.keep_elsewhere("text", "x.json") is None
+
+
 def test_unreadable_and_unwritable_paths(tmp_path, monkeypatch):
     """(Permissions faked through os.access: the tests may run as root, who may read and write anything.)"""
     from attention_core import cli_args
@@ -315,6 +389,9 @@ def test_unreadable_and_unwritable_paths(tmp_path, monkeypatch):
     monkeypatch.setattr(cli_args.os, "access", lambda path, mode: False)
     assert _msg(cli_args.existing_file, str(f)) == f"{str(f)!r} is not readable"
     assert _msg(cli_args.output_file, str(tmp_path / "x")) == f"folder {str(tmp_path)!r} is not writable"
+    assert _msg(cli_args.output_file, str(f)) == f"folder {str(tmp_path)!r} is not writable"
+    monkeypatch.setattr(cli_args.os, "access", lambda path, mode: path != str(f))  # the folder yes, the file no
+    assert _msg(cli_args.output_file, str(f)) == f"file {str(f)!r} is not writable (read-only)"
 
 
 @pytest.mark.parametrize("count", [1, 2])

@@ -3,6 +3,7 @@
 FLOPs per layer are checked against a hand count from each architecture; the time arithmetic against a
 calibration with round rates; the stages against the bundled workflows; the calibration file as untrusted input.
 """
+import dataclasses
 import json
 import math
 import logging
@@ -55,9 +56,10 @@ def test_step_time_is_flops_over_rates():
     rest = fl["self_proj"] + fl["cross_proj"] + fl["ffn"]
     t = estimate.step_time(spec, 4290, _calib(), "pack", batch=2)
     assert t["attention"] == pytest.approx(30 * 2 * att / 100e9)
-    assert t["rest"] == pytest.approx(30 * 2 * rest / 200e9)
+    assert t["gemm"] == pytest.approx(30 * 2 * rest / 200e9)
+    assert t["rest"] == t["gemm"] + t["elementwise"] and t["total"] == t["attention"] + t["rest"]
     sq = estimate.step_time(spec, 4290, _calib(), "subquad", batch=2, blocks=1)
-    assert sq["attention"] == pytest.approx(2 * att / 50e9) and sq["rest"] == pytest.approx(2 * rest / 200e9)
+    assert sq["attention"] == pytest.approx(2 * att / 50e9) and sq["gemm"] == pytest.approx(2 * rest / 200e9)
     assert estimate.step_time(spec, 4290, {**_calib(), "attention": {"pack": [{"tokens": 1, "gflops": 1}]}},
                               "subquad") is None
 
@@ -134,7 +136,7 @@ def test_plan_cli_prints_the_time(tmp_path, capsys):
     args = ["--model", "wan22-5b", "--width", "832", "--height", "480", "--frames", "41", "--free-gb", "16"]
     assert plan.main(args + ["--calibration", path, "--steps", "10"]) == 0
     out = capsys.readouterr().out
-    assert "10 steps" in out and "test device" in out and "a step (attention" in out
+    assert "10 steps" in out and "test device" in out and " a block (attention " in out
     assert plan.main(args + ["--calibration", str(tmp_path / "none.json")]) == 0
     assert "no calibration" in capsys.readouterr().out
     with pytest.raises(SystemExit) as exit_:
@@ -218,18 +220,23 @@ def test_small_block_flops_and_default_text_tokens():
 
 def test_step_time_exact_seconds_on_a_small_block():
     """Self-attention at the rate interpolated at N, cross-attention at the rate of the text length, the
-    projections at the GEMM rate of the width and the FFN at that of the FFN width; two batch items by default
-    (a CFG step), every layer by default."""
+    projections at the GEMM rate of the width and the FFN's up and down projections at that of the FFN width
+    (the only FFN-sized shape measured: the down projection's own transposed one); two batch items by default (a
+    CFG step), every layer by default."""
     t = estimate.step_time(_small_spec(), 1000, _small_calib(), "pack")
     assert t["attention"] == pytest.approx(2 * (2.048 + 2.048), rel=1e-12)
-    assert t["rest"] == pytest.approx(2 * ((8 + 6.048) / 1.0 + 16 / 2.0), rel=1e-12)
-    assert t["total"] == pytest.approx(8.192 + 44.096, rel=1e-12)
+    assert t["gemm"] == pytest.approx(2 * ((8 + 6.048) / 1.0 + 16 / 2.0), rel=1e-12)
+    assert t["total"] == pytest.approx(8.192 + 44.096 + t["elementwise"], rel=1e-12)
     one = estimate.step_time(_small_spec(), 1000, _small_calib(), "pack", batch=1)
     assert one["total"] == pytest.approx(t["total"] / 2, rel=1e-12)
-    blocks = estimate.step_time(_small_spec(), 1000, _small_calib(), "pack", blocks=3)
+    deep = dataclasses.replace(_small_spec(), layers=4)
+    blocks = estimate.step_time(deep, 1000, _small_calib(), "pack", blocks=3)
     assert blocks["total"] == pytest.approx(3 * t["total"], rel=1e-12)
+    assert blocks["block"] == pytest.approx(t["total"], rel=1e-12) == t["block"]
+    assert estimate.step_time(deep, 1000, _small_calib(), "pack")["total"] == pytest.approx(4 * t["total"], rel=1e-12)
     sq = estimate.step_time(_small_spec(), 1000, _small_calib(), "subquad")
-    assert sq["attention"] == pytest.approx(16.384, rel=1e-12) and sq["rest"] == pytest.approx(44.096, rel=1e-12)
+    assert sq["attention"] == pytest.approx(16.384, rel=1e-12) and sq["gemm"] == pytest.approx(44.096, rel=1e-12)
+    assert sq["elementwise"] == t["elementwise"]
     # a short video: the cross-attention runs at the rate of N tokens, not of the longer text
     short = estimate.step_time(_small_spec(), 256, _small_calib(), "pack", batch=1)
     assert short["attention"] == pytest.approx((4 * 256 ** 2 * 1000 + 4 * 256 * 512 * 1000) / 1e9, rel=1e-12)
@@ -311,36 +318,44 @@ def test_report_lines_exactly():
     """The whole time section on the small block: header naming the calibration, one line per stage (size,
     tokens, steps, batch, CFG), per method the step time split into attention and the rest and the stage's time,
     then the run's total per method; a method the calibration lacks says how to get it and has no total."""
-    text = estimate.report(_small_spec(), 832, 480, 41, _small_calib(), "/x/c.json", tokens=lambda *a: 1000)
+    calib = {**_small_calib(), "elementwise": [{"rows": 4096, "width": 1000, "gbps": 0.2}]}
+    text = estimate.report(_small_spec(), 832, 480, 41, calib, "/x/c.json", tokens=lambda *a: 1000)
+    # elementwise: 2 x (47 x 1,000 x 1,000 + 2 x 1,000 x 4,000 + 6 x 512 x 1,000) x 4 bytes = 0.464576 GB at
+    # 0.2 GB/s = 2.32288 s; the step 8.192 + 44.096 + 2.32288 = 54.61 s
     assert text.split("\n") == [
-        "  time (calibration of test device, fp32, 2026-12-01 12:00 UTC; GEMMs and attention only, elementwise ops "
-        "not counted):",
+        "  time (calibration of test device, fp32, 2026-12-01 12:00 UTC; all 1 block a step):",
+        "    counted: GEMMs at the rates measured nearest each layer's shape, attention, and elementwise passes "
+        "(norms, modulation, RoPE, residual adds, layout copies, GELU) at 0.2 GB/s (measured)",
         "    sampling: 832x480, 1,000 tokens, 20 steps, batch 2 (CFG)",
-        "      this pack (auto)         52.3 s a step (attention 8.2 s, the rest 44.1 s); 17.4 min for the stage",
-        "      ComfyUI sub-quadratic    60.5 s a step (attention 16.4 s, the rest 44.1 s); 20.2 min for the stage",
-        "    whole run, this pack (auto)         17.4 min",
-        "    whole run, ComfyUI sub-quadratic    20.2 min",
+        "      this pack (auto)         54.6 s a step, 54.6 s a block (attention 8.2 s, GEMMs 44.1 s, elementwise "
+        "2.3 s); 18.2 min for the stage",
+        "      ComfyUI sub-quadratic    62.8 s a step, 62.8 s a block (attention 16.4 s, GEMMs 44.1 s, elementwise "
+        "2.3 s); 20.9 min for the stage",
+        "    whole run, this pack (auto)         18.2 min",
+        "    whole run, ComfyUI sub-quadratic    20.9 min",
     ]
     text = estimate.report(_small_spec("ltx23-22b"), 1920, 1088, 9, _small_calib(subquad=False), steps=[10, 2],
                            batch=2, tokens=lambda *a: 1000)
     lines = text.split("\n")
-    assert lines[1] == "    stage 1 (half size): 960x544, 1,000 tokens, 10 steps, batch 4 (CFG)"
-    assert lines[2].startswith("      this pack (auto)         ")
-    assert lines[3] == ("      ComfyUI sub-quadratic    not calibrated (ComfyUI was not found by "
+    assert lines[1].endswith(" at 0.04 GB/s (assumed: this calibration has no elementwise rate; python -m "
+                             "attention_core.calibrate measures one)")  # 1 GFLOP/s / 25
+    assert lines[2] == "    stage 1 (half size): 960x544, 1,000 tokens, 10 steps, batch 4 (CFG)"
+    assert lines[3].startswith("      this pack (auto)         ")
+    assert lines[4] == ("      ComfyUI sub-quadratic    not calibrated (ComfyUI was not found by "
                         "python -m attention_core.calibrate)")
-    assert lines[4] == "    stage 2 (full size): 1920x1088, 1,000 tokens, 2 steps, batch 2"
-    assert lines[6:] == [lines[3], lines[-1]] and lines[-1].startswith("    whole run, this pack (auto)         ")
-    assert len(lines) == 8
+    assert lines[5] == "    stage 2 (full size): 1920x1088, 1,000 tokens, 2 steps, batch 2"
+    assert lines[7:] == [lines[4], lines[-1]] and lines[-1].startswith("    whole run, this pack (auto)         ")
+    assert len(lines) == 9
 
 
 def test_report_without_a_calibration_says_how_to_make_one():
     spec = plan.MODELS["wan22-5b"]
     assert estimate.report(spec, 832, 480, 41, None, "/x/c.json") == (
         "  time per step: no calibration of this device at /x/c.json, so no estimate; "
-        "run `python -m attention_core.calibrate --out /x/c.json` (under a minute) and ask again")
+        "run `python -m attention_core.calibrate --out /x/c.json` (about a minute) and ask again")
     assert estimate.report(spec, 832, 480, 41, None) == (
         "  time per step: no calibration of this device, so no estimate; "
-        "run `python -m attention_core.calibrate` (under a minute) and ask again")
+        "run `python -m attention_core.calibrate` (about a minute) and ask again")
 
 
 def test_wan_14b_runs_wans_default_schedule():
@@ -350,3 +365,112 @@ def test_wan_14b_runs_wans_default_schedule():
     (s,) = rt["stages"]
     assert (s["width"], s["height"], s["steps"], s["tokens"]) == (1280, 720, 20, 21 * 45 * 80)
     assert rt["totals"]["pack"] == pytest.approx(20 * s["per_step"]["pack"]["total"])
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Issue 24.4: estimates a user can check. Elementwise passes are counted, each linear layer takes the GEMM rate
+# measured at its own shape and row count, and a step can be timed for fewer blocks (a one-block demo).
+def test_elementwise_passes_of_a_block_hand_count():
+    """Elements read plus written by one Wan block for one batch item (N 1,000, C 1,000, F 4,000, L 512): norms
+    (3 LayerNorms, 3 RMSNorms: 12 NC; the text keys' RMSNorm 2 LC), modulation and residuals (2 x 2 + 3 x 3 =
+    13 NC), RoPE on q and k (10 NC), layout copies (self q, k, v, out 8 NC; cross q, out 4 NC; text k, v 4 LC),
+    the GELU (2 NF)."""
+    ew = estimate.layer_elementwise(_small_spec(), 1000)
+    assert ew == {"norms": 12e6 + 2 * 512e3, "modulation": 13e6, "rope": 10e6, "layout": 12e6 + 4 * 512e3,
+                  "activation": 8e6}
+    assert estimate.layer_elementwise(_small_spec(), 1000, text=0)["norms"] == 12e6
+    # Wan 2.2 5B at 4,290 tokens: 47 NC + 6 LC + 2 NF elements, about 0.69 GB of fp32 traffic per item and block
+    wan = estimate.layer_elementwise(plan.MODELS["wan22-5b"], 4290)
+    assert sum(wan.values()) == 47 * 4290 * 3072 + 6 * 512 * 3072 + 2 * 4290 * 14336
+
+
+def test_elementwise_time_is_bytes_over_the_measured_bandwidth():
+    """Measured: the elements of every block and batch item times the calibration dtype's bytes over the median
+    elementwise rate (GB/s); it is part of `rest` and `total`. Half-precision calibrations count 2 bytes."""
+    calib = {**_small_calib(), "elementwise": [{"gbps": 0.5}, {"gbps": 0.1}, {"gbps": 0.2}]}
+    elements = sum(estimate.layer_elementwise(_small_spec(), 1000).values())
+    t = estimate.step_time(_small_spec(), 1000, calib, "pack", batch=3)
+    assert t["elementwise"] == pytest.approx(3 * elements * 4 / 0.2e9, rel=1e-12)
+    assert t["rest"] == pytest.approx(t["gemm"] + t["elementwise"], rel=1e-12)
+    assert t["total"] == pytest.approx(t["attention"] + t["gemm"] + t["elementwise"], rel=1e-12)
+    for dtype in ("fp16", "bf16"):
+        half = estimate.step_time(_small_spec(), 1000, {**calib, "dtype": dtype}, "pack", batch=3)
+        assert half["elementwise"] == pytest.approx(t["elementwise"] / 2, rel=1e-12)
+    assert estimate.elementwise_rate(calib, 1000) == (0.2, True)
+
+
+def test_a_calibration_without_an_elementwise_rate_assumes_one_from_its_gemm_rate():
+    """Files made before the elementwise rate was measured stay usable: the width x width GEMM rate over
+    DEFAULT_FLOPS_PER_BYTE (25) FLOPs a byte, said in the report as assumed."""
+    assert estimate.DEFAULT_FLOPS_PER_BYTE == 25.0
+    calib = _small_calib()  # width x width at 1 GFLOP/s
+    assert estimate.elementwise_rate(calib, 1000) == (1.0 / 25, False)
+    elements = sum(estimate.layer_elementwise(_small_spec(), 1000).values())
+    t = estimate.step_time(_small_spec(), 1000, calib, "pack", batch=1)
+    assert t["elementwise"] == pytest.approx(elements * 4 / (1e9 / 25), rel=1e-12)
+    text = estimate.report(_small_spec(), 832, 480, 41, calib, tokens=lambda *a: 1000)
+    assert "at 0.04 GB/s (assumed: this calibration has no elementwise rate; python -m attention_core.calibrate " \
+           "measures one)" in text
+
+
+def _shapes_calib():
+    """GEMMs at 512 and 4,096 rows of the width x width, up and down shapes (width 1,000, FFN 4,000), each with
+    its own rate: the row count and the shape decide which applies."""
+    rates = {(1000, 1000): (8.0, 1.0), (1000, 4000): (16.0, 4.0), (4000, 1000): (32.0, 2.0)}
+    return {**_small_calib(), "gemm": [{"m": m, "k": k, "n": n, "gflops": rate[i]} for (k, n), rate in rates.items()
+                                       for i, m in enumerate((512, 4096))]}
+
+
+def test_each_linear_layer_takes_the_rate_measured_at_its_shape_and_rows():
+    """The rate of the nearest (k, n) shape, log-log interpolated over the measured rows (flat outside): 512 rows
+    gave a rate above what the model's layers reach at thousands of rows (issue 24: 274 GFLOP/s measured at
+    512 x 3072 x 3072)."""
+    calib = _shapes_calib()
+    assert estimate._gemm_rate(calib, 1000, 512, 1000) == 8.0 and estimate._gemm_rate(calib, 1000, 4096, 1000) == 1.0
+    assert estimate._gemm_rate(calib, 1000, 8580, 1000) == 1.0 and estimate._gemm_rate(calib, 1000, 100, 1000) == 8.0
+    # 1,024 rows: a third of the way from 512 to 4,096 on a log scale
+    assert estimate._gemm_rate(calib, 1000, 1024, 1000) == pytest.approx(8.0 ** (2 / 3) * 1.0 ** (1 / 3), rel=1e-12)
+    assert estimate._gemm_rate(calib, 4000, 4096, 1000) == 4.0   # the FFN's up projection
+    assert estimate._gemm_rate(calib, 1000, 4096, 4000) == 2.0   # and its down projection, measured on its own
+    # without the down projection's own shape (calibrations before issue 24), the transposed (up) shape serves
+    old = {**calib, "gemm": [r for r in calib["gemm"] if r["k"] != 4000]}
+    assert estimate._gemm_rate(old, 1000, 4096, 4000) == 4.0
+    # without rows (or an entry without m): the median of the nearest shape's entries; without k, every entry
+    # of that output width is as near (8, 1, 32 and 2 GFLOP/s)
+    assert estimate._gemm_rate(calib, 1000, None, 1000) == 4.5 and estimate._gemm_rate(calib, 1000) == 5.0
+
+
+def test_step_time_runs_the_linear_layers_at_the_batchs_rows():
+    """A step's linear layers see N x batch rows (the CFG pair is one batch), the text's keys and values L x
+    batch: at 2 x 1,000 rows and 2 x 512 the rates interpolate between the 512- and 4,096-row measurements."""
+    calib, spec = _shapes_calib(), _small_spec()
+    t = estimate.step_time(spec, 1000, calib, "pack", batch=2)
+    r = lambda n, rows, k: estimate._gemm_rate(calib, n, rows, k) * 1e9  # noqa: E731
+    want = 2 * (6 * 2 * 1000 * 1000 * 1000 / r(1000, 2000, 1000) + 2 * 2 * 512 * 1000 * 1000 / r(1000, 1024, 1000)
+                + 2 * 1000 * 1000 * 4000 / r(4000, 2000, 1000) + 2 * 1000 * 4000 * 1000 / r(1000, 2000, 4000))
+    assert t["gemm"] == pytest.approx(want, rel=1e-12)
+    assert r(1000, 2000, 1000) < 8e9 and r(1000, 1024, 1000) > r(1000, 2000, 1000)
+    flops = sum(c * 2 * m * k * n for _, m, k, n, c in estimate.layer_gemms(spec, 1000))
+    fl = estimate.layer_flops(spec, 1000)
+    assert flops == fl["self_proj"] + fl["cross_proj"] + fl["ffn"]
+
+
+def test_a_step_for_fewer_blocks_and_the_time_per_block():
+    """blocks k: every time for k blocks (a one-block demo's step); "block" is the step over its blocks. Out of
+    range (0, more than the model has, not a whole number): one ValueError naming the model's depth."""
+    spec = plan.MODELS["wan22-5b"]
+    full = estimate.step_time(spec, 2340, _calib(), "pack")
+    one = estimate.step_time(spec, 2340, _calib(), "pack", blocks=1)
+    for key in ("attention", "gemm", "elementwise", "total"):
+        assert one[key] == pytest.approx(full[key] / 30, rel=1e-12)
+    assert one["block"] == pytest.approx(one["total"], rel=1e-12) and full["block"] == pytest.approx(one["total"])
+    rt = estimate.run_time(spec, 832, 480, 21, _calib(), plan.tokens, blocks=2)
+    assert rt["blocks"] == 2 and rt["stages"][0]["per_step"]["pack"]["total"] == pytest.approx(2 * one["total"])
+    for bad in (0, -1, 31, 1.0, True, "1"):
+        with pytest.raises(ValueError) as e:
+            estimate.step_time(spec, 2340, _calib(), "pack", blocks=bad)
+        assert str(e.value) == f"blocks: Wan 2.2 TI2V 5B has 30 blocks; give a whole number from 1 to 30, got {bad!r}"
+    text = estimate.report(spec, 832, 480, 21, _calib(), tokens=plan.tokens, blocks=1)
+    assert "; 1 of its 30 blocks a step):" in text.split("\n")[0]
+    line = next(ln for ln in text.split("\n") if ln.strip().startswith("this pack"))
+    assert f"{estimate._dur(one['total'])} a step, {estimate._dur(one['total'])} a block (attention" in line

@@ -167,25 +167,68 @@ def test_model_geometry_is_comfyuis():
 
 
 def test_latent_shape_and_smallest_video():
-    """Latent frames 1 + (F - 1) // t, rows H // s, columns W // s; the smallest video with a token is one VAE
-    pixel block of one frame (below it estimate() refuses, naming the minimum)."""
+    """Latent frames 1 + (F - 1) // t, rows H // s, columns W // s; the smallest video with a token in every
+    sampling stage is one VAE pixel block of one frame at the smallest stage's scale (LTX-2.3's first stage runs
+    at half size: 64 x 64); below it estimate() refuses, naming the minimum."""
     wan = plan.MODELS["wan22-5b"]
     assert plan.latent_shape(wan, 832, 480, 41) == (11, 30, 52)
     assert plan.latent_shape(wan, 847, 495, 44) == (11, 30, 52)   # partial VAE blocks and frames are dropped
     assert plan.latent_shape(wan, 848, 496, 45) == (12, 31, 53)
     assert plan.min_size(wan) == (16, 16, 1)
     assert plan.min_size(plan.MODELS["wan-14b"]) == (8, 8, 1)
-    assert plan.min_size(plan.MODELS["ltx23-22b"]) == (32, 32, 1)
+    assert plan.min_size(plan.MODELS["ltx23-22b"]) == (64, 64, 1)
     assert plan.tokens(plan.MODELS["ltx23-22b"], 32, 32, 1) == 1
     assert plan.tokens(wan, 16, 16, 1) == 1 and plan.tokens(wan, 32, 32, 1) == 1 and plan.tokens(wan, 48, 32, 1) == 2
-    with pytest.raises(ValueError, match=r"LTX-2.3 22B \(video stream\) needs width >= 32, height >= 32 and frames "
-                                         r">= 1 \(its VAE compresses 32x32 pixels into one latent; smaller has no "
-                                         r"tokens\), got 32x31x1"):
-        plan.estimate("ltx23-22b", 32, 31, 1, free=GB)
-    with pytest.raises(ValueError, match="got 32x32x0"):
-        plan.estimate("ltx23-22b", 32, 32, 0, free=GB)
-    with pytest.raises(ValueError, match="got 31x32x1"):
-        plan.estimate("ltx23-22b", 31, 32, 1, free=GB)
+    with pytest.raises(ValueError) as e:
+        plan.estimate("ltx23-22b", 64, 63, 1, free=GB)
+    assert str(e.value) == ("attention_core.plan: LTX-2.3 22B (video stream) needs width >= 64, height >= 64 and "
+                            "frames >= 1 (its VAE compresses 32x32 pixels into one latent and its stage 1 (half size) "
+                            "samples at 0.5 of the size; smaller has no tokens), got 64x63x1")
+    with pytest.raises(ValueError, match="got 64x64x0"):
+        plan.estimate("ltx23-22b", 64, 64, 0, free=GB)
+    with pytest.raises(ValueError, match="got 32x32x1"):  # the full-size stage has a token, the first none
+        plan.estimate("ltx23-22b", 32, 32, 1, free=GB)
+    with pytest.raises(ValueError, match=r"needs width >= 16, height >= 16 and frames >= 1 \(its VAE compresses "
+                                         r"16x16 pixels into one latent; smaller has no tokens\), got 15x16x1"):
+        plan.estimate("wan22-5b", 15, 16, 1, free=GB)
+
+
+@pytest.mark.parametrize("model", sorted(plan.MODELS))
+def test_every_sampling_stage_of_the_smallest_size_has_tokens(model):
+    """Issue 22.9: plan --model ltx23-22b --width 32 --height 32 --frames 1 was accepted and costed its
+    half-size stage at 0 tokens. The smallest size has a token in every stage of the run (as the time estimate
+    scales it), and one pixel less in width or height leaves some stage with none."""
+    from attention_core import estimate
+    spec = plan.MODELS[model]
+    w, h, f = plan.min_size(spec)
+
+    def stage_tokens(width, height):
+        return [plan.tokens(spec, max(1, int(width * st.scale)), max(1, int(height * st.scale)), f)
+                for st in estimate.STAGES[model]]
+    assert min(stage_tokens(w, h)) >= 1
+    assert min(stage_tokens(w - 1, h)) == 0 and min(stage_tokens(w, h - 1)) == 0
+    calib = {"version": 1, "device": "d", "dtype": "fp32", "date": "today",
+             "attention": {"pack": [{"tokens": 1, "gflops": 1.0}]}, "gemm": [{"n": 1, "gflops": 1.0}]}
+    rt = estimate.run_time(spec, w, h, f, calib, plan.tokens)
+    assert all(s["tokens"] >= 1 for s in rt["stages"])
+    plan.estimate(model, w, h, f, free=GB)
+    for size in ((w - 1, h, f), (w, h - 1, f)):
+        with pytest.raises(ValueError, match=f"needs width >= {w}, height >= {h}"):
+            plan.estimate(model, *size, free=GB)
+
+
+def test_cli_refuses_a_size_whose_first_stage_has_no_tokens(capsys):
+    """The issue's command: one error line naming the smallest width that works and why; 64 x 64 runs."""
+    argv = ["--model", "ltx23-22b", "--width", "32", "--height", "32", "--frames", "1", "--free-gb", "1",
+            "--calibration", "/nonexistent/cal.json"]
+    with pytest.raises(SystemExit) as e:
+        plan.main(argv)
+    assert e.value.code == 2 and capsys.readouterr().err == (
+        "error: argument --width: LTX-2.3 22B (video stream) needs at least 64 pixels (its VAE compresses 32 pixels "
+        "into one latent and its stage 1 (half size) samples at 0.5 of the size, so fewer give no video tokens), "
+        "got 32\n")
+    assert plan.main(argv[:2] + ["--width", "64", "--height", "64"] + argv[6:]) == 0
+    assert "-> 4 video tokens" in capsys.readouterr().out
 
 
 def test_preset_shapes():
@@ -357,7 +400,7 @@ def test_cli_smallest_size_is_accepted(capsys):
                                       ("20", False), ("20,3,1", False), ("a,b", False)])
 def test_cli_steps(steps, ok, capsys):
     """--steps: one count per sampling stage of the model (LTX-2.3: two), each from 1 to 10,000."""
-    argv = ["--model", "ltx23-22b", "--width", "32", "--height", "32", "--frames", "1", "--free-gb", "1",
+    argv = ["--model", "ltx23-22b", "--width", "64", "--height", "64", "--frames", "1", "--free-gb", "1",
             "--calibration", "/nonexistent/cal.json", "--steps", steps]
     if ok:
         assert plan.main(argv) == 0
@@ -434,3 +477,54 @@ def test_cli_help_names_the_tool_and_its_ranges(capsys):
     assert "before running anything." in out
     assert "free memory in GB, 0.000001 to 1,000,000 (default: detected)" in out
     assert "pixels, up to 16384" in out and "up to 10000" in out and "up to 256" in out
+
+
+def test_cli_blocks_times_a_step_of_that_many_blocks_and_each_block(tmp_path, capsys):
+    """Issue 24.4: `--blocks 1` times a step of one block, to compare with `./dev demo` (one real-width block at
+    832x480, 21 frames: 2,340 tokens, CFG); every method's line gives the time per step and per block. Without
+    --blocks every layer runs, and the time per block is the same."""
+    from attention_core import calibration, estimate
+    path = str(tmp_path / "cal.json")
+    calib = {"version": 1, "device": "Test CPU", "dtype": "fp32", "date": "2026-12-01 12:00 UTC",
+             "attention": {"pack": [{"tokens": 1024, "gflops": 40.0}, {"tokens": 4096, "gflops": 30.0}],
+                           "subquad": [{"tokens": 1024, "gflops": 50.0}, {"tokens": 4096, "gflops": 20.0}]},
+             "gemm": [{"m": 512, "k": 3072, "n": 3072, "gflops": 274.0}, {"m": 4096, "k": 3072, "n": 3072,
+                                                                           "gflops": 180.0}],
+             "elementwise": [{"rows": 4096, "width": 3072, "gbps": 9.5}]}
+    calibration.save(calib, path)
+    base = ["--model", "wan22-5b", "--width", "832", "--height", "480", "--frames", "21", "--dtype", "fp32", "--cpu",
+            "--free-gb", "8", "--calibration", path]
+    spec = plan.MODELS["wan22-5b"]
+
+    def method_lines(out):
+        return [ln.strip() for ln in out.splitlines() if ln.strip().startswith(tuple(estimate.METHODS.values()))
+                and "a step" in ln]
+    assert plan.main(base + ["--blocks", "1"]) == 0
+    one = capsys.readouterr().out
+    assert "time (calibration of Test CPU, fp32, 2026-12-01 12:00 UTC; 1 of its 30 blocks a step):" in one
+    assert "sampling: 832x480, 2,340 tokens, 20 steps, batch 2 (CFG)" in one
+    assert "at 9.5 GB/s (measured)" in one
+    assert plan.main(base) == 0
+    full = capsys.readouterr().out
+    assert "; all 30 blocks a step):" in full
+    for m, line1, line30 in zip(estimate.METHODS, method_lines(one), method_lines(full)):
+        t1 = estimate.step_time(spec, 2340, calib, m, batch=2, blocks=1)
+        t30 = estimate.step_time(spec, 2340, calib, m, batch=2)
+        d = estimate._dur
+        assert line1.endswith(f"{d(t1['total'])} a step, {d(t1['total'])} a block (attention {d(t1['attention'])}, "
+                              f"GEMMs {d(t1['gemm'])}, elementwise {d(t1['elementwise'])}); "
+                              f"{d(20 * t1['total'])} for the stage"), line1
+        assert line30.endswith(f"{d(t30['total'])} a step, {d(t30['block'])} a block (attention "
+                               f"{d(t30['attention'])}, GEMMs {d(t30['gemm'])}, elementwise {d(t30['elementwise'])}); "
+                               f"{d(20 * t30['total'])} for the stage"), line30
+        assert t30["block"] == pytest.approx(t1["total"], rel=1e-12)
+    assert plan.main(["--model", "ltx23-22b", "--width", "64", "--height", "64", "--frames", "1", "--free-gb", "1",
+                      "--calibration", path, "--blocks", "48"]) == 0  # LTX-2.3's 48 blocks: all of them
+    assert "; all 48 blocks a step):" in capsys.readouterr().out
+
+
+def test_cli_help_names_the_blocks_of_each_model(capsys):
+    with pytest.raises(SystemExit):
+        plan.main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "default: all of the model's (wan22-5b 30, wan-14b 40, ltx23-22b 48)" in out

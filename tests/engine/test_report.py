@@ -88,11 +88,15 @@ def test_a_failing_section_is_written_into_the_file(tmp_path, monkeypatch, capsy
     (["--device", NO_GPU], "--device", "cpu"),
     (["--out", "{tmp}/missing/r.md"], "--out", "does not exist"),
     (["--out", "{tmp}"], "--out", "is a folder"),
+    (["--out", "{tmp}/file/r.md"], "--out", "file' is a file, not a folder; expected a file path in an existing "
+                                            "folder"),  # not "does not exist"
+    (["--out", "{tmp}/file/sub/r.md"], "--out", "file' is a file, not a folder"),
     (["--comfyui", "{tmp}"], "--comfyui", "comfy/model_management.py"),
     (["--quick", "--full"], "--full", "not allowed with argument --quick"),
     (["--rounds", "3"], "", "unrecognized arguments"),
 ])
 def test_report_bad_input(argv, flag, word, tmp_path, capsys):
+    (tmp_path / "file").write_text("a regular file")
     with pytest.raises(SystemExit) as e:
         report.main([a.replace("{tmp}", str(tmp_path)) for a in argv])
     out, err = capsys.readouterr()
@@ -107,6 +111,71 @@ def test_report_bad_input_as_a_user_runs_it(tmp_path):
     assert p.returncode == 2 and p.stdout == "" and "Traceback" not in p.stderr, p.stderr
     assert p.stderr.strip().splitlines() == [f"error: argument --out: folder '{tmp_path / 'no'}' does not exist; "
                                              "expected a file path in an existing folder"]
+
+
+def test_an_out_file_that_cannot_be_written_is_refused_before_the_benchmark(tmp_path, monkeypatch, capsys,
+                                                                          unwritable_folder):
+    """Issue 22.7: an existing file that cannot be written (opened for appending to try: nothing is truncated;
+    as root, a file no one may write, such as one on a read-only mount, is faked by refusing that open; where
+    the tests do not run as root, a real mode-444 file too), or a folder nothing can be created in: one error
+    line, exit 2, the file untouched, and the benchmark never started."""
+    import errno
+    built = []
+    monkeypatch.setattr(report, "build", lambda *a, **k: built.append(a) or "# r\n")
+    old = tmp_path / "old.md"
+    old.write_text("keep me")
+    real_open = open
+
+    def refusing(path, mode="r", *a, **k):
+        if os.path.abspath(path) == str(old) and set(mode) & set("wax+"):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, mode, *a, **k)
+    monkeypatch.setattr(cli_args, "open", refusing, raising=False)
+
+    def refused(argv, message):
+        with pytest.raises(SystemExit) as e:
+            report.main(argv)
+        out, err = capsys.readouterr()
+        assert e.value.code == 2 and out == "" and err == f"error: argument --out: {message}\n", err
+    refused(["--device", "cpu", "--out", str(old)], f"file {str(old)!r} is not writable (Permission denied)")
+    monkeypatch.delattr(cli_args, "open")
+    if os.geteuid() != 0:
+        old.chmod(0o444)
+        refused(["--device", "cpu", "--out", str(old)], f"file {str(old)!r} is not writable (read-only)")
+        old.chmod(0o644)
+    ro = unwritable_folder(tmp_path / "read-only")
+    with pytest.raises(SystemExit) as e:
+        report.main(["--device", "cpu", "--out", str(ro / "r.md")])
+    assert e.value.code == 2 and capsys.readouterr().err.startswith(
+        f"error: argument --out: folder {str(ro)!r} is not writable")
+    monkeypatch.chdir(ro)  # the default file, in the current folder
+    with pytest.raises(SystemExit) as e:
+        report.main(["--device", "cpu"])
+    assert e.value.code == 2 and capsys.readouterr().err.startswith(
+        f"error: argument --out: the default folder {str(ro)!r} is not writable")
+    assert built == [] and old.read_text() == "keep me" and os.listdir(ro) == []
+    assert report.main(["--device", "cpu", "--out", str(old)]) == 0 and old.read_text() == "# r\n"
+
+
+def test_a_report_that_cannot_be_written_at_the_end_is_kept(tmp_path, monkeypatch, capsys):
+    """Checked up front, the write can still fail after the benchmark (the folder removed, the disk full): the
+    report goes to a temporary file named in one error line, exit 2, no traceback."""
+    import errno
+    import tempfile
+    monkeypatch.setattr(report, "build", lambda *a, **k: "# the report\n")
+    out = tmp_path / "r.md"
+
+    def full(path, mode="r", *a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(report, "open", full, raising=False)
+    kept_dir = tmp_path / "kept"
+    kept_dir.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(kept_dir))
+    assert report.main(["--device", "cpu", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    (kept,) = kept_dir.iterdir()
+    assert err == f"error: could not write {str(out)!r} (No space left on device); the report is in {str(kept)!r}\n"
+    assert kept.read_text() == "# the report\n" and kept.name.startswith("r-") and kept.name.endswith(".md")
 
 
 def test_comfyui_is_the_one_the_pack_is_installed_in(tmp_path, monkeypatch):

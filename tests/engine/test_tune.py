@@ -576,7 +576,7 @@ def test_time_is_the_median_of_the_repeats_after_one_warm_up_call(monkeypatch):
     assert tune._time(lambda: calls.append(1), 2, warm=False) == 3.0 and len(calls) == 2
 
 
-def test_tune_cli_defaults(monkeypatch, capsys):
+def test_tune_cli_defaults(monkeypatch, capsys, profdir):
     """Without flags: the default presets (Wan 2.2 5B 480p, LTX 2.3 22B 720p, the reference lengths) with N capped
     at --max-n 8,192 (LTX's 14,960 keys become 8,192), the chunked tier, 1,024 rows, 2 repeats, float32 on the
     CPU; the first line says what is tuned. A run that tunes nothing: the error line, exit 1."""
@@ -595,6 +595,7 @@ def test_tune_cli_defaults(monkeypatch, capsys):
     assert tune.main(["--layouts", "0"]) == 1 and seen[-1] == seen[0]  # 0 rounds: tune
     monkeypatch.setattr(cli_args, "default_device", lambda: "cuda")  # on a GPU: float16
     monkeypatch.setattr(tune, "_device_name", lambda device: ("GPU", "sm_90"))
+    monkeypatch.setattr(profiles, "_device_name", lambda device: ("GPU", "sm_90"))  # the profile's file name
     assert tune.main(["--presets", "reference"]) == 1 and seen[-1][:2] == ("cuda", ["float16"])
 
 
@@ -873,3 +874,59 @@ def test_choose_counts_rows_keys_and_heads_in_a_tiles_size(small, large):
     larger one."""
     assert tune.choose([(large, 1.0), (small, 1.01)]) == (small, 1.01)
     assert tune.choose([(small, 1.01), (large, 1.0)]) == (small, 1.01)
+
+
+# ------------------------------------------------------------------------- an output that cannot be written
+def _refused(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        tune.main(argv)
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and out == "" and err.count("\n") == 1 and "Traceback" not in err, (out, err)
+    return err.rstrip("\n")
+
+
+def test_an_unwritable_profile_is_refused_before_tuning(profdir, monkeypatch, capsys, unwritable_folder):
+    """Issue 22.6: --out under a file or in a folder nothing can be created in (tried: root passes permission
+    bits), or such a default profile folder: one error line, exit 2, before minutes of tuning; --layouts saves
+    nothing, so it is not refused."""
+    monkeypatch.setattr(tune, "tune", lambda *a, **kw: pytest.fail("tuned before checking where to save"))
+    blocker = profdir / "file"
+    blocker.write_text("a file, not a folder")
+    ro = unwritable_folder(profdir / "read-only")
+    assert _refused(["--device", "cpu", "--out", str(blocker / "p.json")], capsys) == (
+        f"error: argument --out: {str(blocker)!r} is a file, not a folder; expected a file path in an existing folder")
+    assert _refused(["--device", "cpu", "--out", str(ro / "p.json")], capsys).startswith(
+        f"error: argument --out: folder {str(ro)!r} is not writable")
+    for folder, why in [(blocker / "profiles", f"{str(blocker)!r} is a file, not a folder"),
+                        (ro, f"folder {str(ro)!r} is not writable")]:
+        monkeypatch.setenv(profiles.ENV_DIR, str(folder))
+        target = os.path.join(str(folder), profiles.profile_name("cpu"))
+        err = _refused(["--device", "cpu"], capsys)
+        assert err.startswith(f"error: argument --out: cannot write the default profile {target!r}: {why}"), err
+        assert err.endswith("; pass --out FILE (or set TILED_ATTENTION_PROFILE_DIR)")
+    monkeypatch.setattr(tune, "layout_check", lambda *a, **kw: None)
+    assert tune.main(["--device", "cpu", "--layouts", "1", "--presets", "reference"]) == 0
+    assert os.listdir(ro) == []
+
+
+def test_a_profile_that_cannot_be_written_after_tuning_is_kept(profdir, monkeypatch, capsys, tmp_path):
+    """Checked up front, the write can still fail later (the folder removed, the disk full): one error line
+    naming the temporary file that holds the profile, exit 2, no traceback."""
+    import errno
+    import tempfile
+    monkeypatch.setattr(tune, "tune", lambda *a, **kw: {"version": 1, "entries": [entry()]})
+
+    def gone(prof, device, path):
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory")
+    monkeypatch.setattr(tune, "save_profile", gone)
+    kept_dir = tmp_path / "kept"
+    kept_dir.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(kept_dir))
+    out = str(profdir / "p.json")
+    assert tune.main(["--device", "cpu", "--out", out]) == 2
+    err = capsys.readouterr().err
+    (kept,) = kept_dir.iterdir()
+    assert err == f"error: could not write {out!r} (No such file or directory); the profile is in {str(kept)!r}: " \
+                  "copy it there\n"
+    prof = json.loads(kept.read_text())
+    assert prof["entries"] == [entry()] and "load" in prof
