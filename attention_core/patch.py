@@ -32,13 +32,16 @@ OUTCOMES = ("routed", "passed", "deferred")
 Config = namedtuple("Config", "force min_tokens options")  # the options in force, replaced whole
 
 _lock = threading.RLock()
-_torch_sdpa = None  # torch's own function, kept once seen (the fallback even after another library wraps ours)
+# the functions ours was put over, oldest first (torch's own, then any other library's function found there at a
+# later install): a call that passes through goes to the latest; one that re-enters ours from inside that function
+# (a wrapper another library put around ours, still holding it after ours was switched off) goes one further back,
+# so that ours and their wrapper never call each other without end
+_fallbacks: list = []
 _installed = False  # our function is (or was last put) in F.scaled_dot_product_attention
-_left_wrapped = None  # the function that wrapped ours when we were switched off (ours is still inside it)
 _global = None  # Config from enable(), None when not enabled
 _blocks: list = []  # [(token, Config)] of open patched() blocks, in entry order
 _config = Config(False, 0, {})  # the Config in force; replaced whole, read without the lock
-_local = threading.local()  # .deferred: depth of deferred() blocks on this thread
+_local = threading.local()  # .deferred: depth of deferred() blocks; .passing: of our calls passing through
 _stats: dict = {}  # path -> {outcome: calls}
 _stats_lock = threading.Lock()
 
@@ -123,7 +126,6 @@ def _patched_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
         from torch.nn.attention.bias import CausalBias
         return CausalBias._dispatch(query, key, value, attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                                     scale=scale, enable_gqa=enable_gqa)
-    original = _torch_sdpa or F.scaled_dot_product_attention
     cfg = _config
     if _installed:
         if not torch.compiler.is_compiling() and is_deferred():  # thread-local state is not traced
@@ -137,16 +139,30 @@ def _patched_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
     else:
         outcome = "passed"
     if outcome != "routed":
-        return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-                        scale=scale, enable_gqa=enable_gqa, **kwargs)
+        return _pass_through(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                             scale=scale, enable_gqa=enable_gqa, **kwargs)
     from .sdpa import scaled_dot_product_attention
     return scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                                         **cfg.options)
 
 
+def _pass_through(*args, **kwargs):
+    """The function ours was put over (see _fallbacks), one further back for each of our calls already passing
+    through on this thread."""
+    if torch.compiler.is_compiling():  # thread-local state is not traced; no foreign wrapper inside a graph
+        return _fallbacks[-1](*args, **kwargs)
+    depth = getattr(_local, "passing", 0)
+    original = _fallbacks[-1 - depth] if depth < len(_fallbacks) else _fallbacks[0]
+    _local.passing = depth + 1
+    try:
+        return original(*args, **kwargs)
+    finally:
+        _local.passing = depth
+
+
 def _refresh() -> None:
     """Install or remove the patch and set the options in force from enable()'s and the open blocks' (lock held)."""
-    global _torch_sdpa, _installed, _config, _left_wrapped
+    global _installed, _config
     if _blocks:
         _config = _blocks[-1][1]
     elif _global is not None:
@@ -156,19 +172,16 @@ def _refresh() -> None:
     want = _global is not None or bool(_blocks)
     if want and not _installed:
         current = F.scaled_dot_product_attention
-        if current is not _patched_sdpa and (current is not _left_wrapped or _torch_sdpa is None):
-            _torch_sdpa = current
-            functools.update_wrapper(_patched_sdpa, current, updated=())
+        if current is not _patched_sdpa:
+            if not _fallbacks:  # torch's own: our function takes its name and signature (once: a later function
+                functools.update_wrapper(_patched_sdpa, current, updated=())  # may hold ours, a __wrapped__ loop)
+            _fallbacks.append(current)
             F.scaled_dot_product_attention = _patched_sdpa
-        # else: ours is installed, or still inside the wrapper another library put around it (wrapping that again
-        # would make each of the two call the other)
         _installed = True
     elif not want and _installed:
         if F.scaled_dot_product_attention is _patched_sdpa:  # never undo someone else's later wrapper
-            F.scaled_dot_product_attention = _torch_sdpa
-            _left_wrapped = None
-        else:  # ours stays inside their wrapper, passing every call on
-            _left_wrapped = F.scaled_dot_product_attention
+            F.scaled_dot_product_attention = _fallbacks.pop()
+        # else: ours stays inside their wrapper, passing every call on
         _installed = False
 
 

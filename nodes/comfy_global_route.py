@@ -69,17 +69,29 @@ def settings_for(cfg) -> PatchSettings:
                          min_tokens=cfg.min_tokens, node=NODE)
 
 
+def _wrap_attn_wrapper(fn, attention):
+    """The wrap_attn wrapper `fn` is, or holds through __wrapped__ (another tool may have put its own wrapper in the
+    module attribute), else None."""
+    for _ in range(8):
+        code = getattr(fn, "__code__", None)
+        if code is not None and "func" in code.co_freevars and code.co_filename == attention.__file__:
+            return fn
+        fn = getattr(fn, "__wrapped__", None)
+        if fn is None:
+            return None
+    return None
+
+
 def _wrappers():
     """[(attribute, wrapper, its `func` cell)] of the distinct wrap_attn wrappers ATTRIBUTES name in this ComfyUI."""
     from comfy.ldm.modules import attention
     found, seen = [], set()
     for name in ATTRIBUTES:
-        fn = getattr(attention, name, None)
-        code = getattr(fn, "__code__", None)
-        if fn is None or id(fn) in seen or code is None or "func" not in code.co_freevars \
-                or not hasattr(fn, "__wrapped__"):
-            continue  # absent in this version, seen under another name, or not a wrap_attn wrapper
+        fn = _wrap_attn_wrapper(getattr(attention, name, None), attention)
+        if fn is None or id(fn) in seen:
+            continue  # absent in this version, not a wrap_attn wrapper, or seen under another name
         seen.add(id(fn))
+        code = fn.__code__
         found.append((name, fn, fn.__closure__[code.co_freevars.index("func")]))
     return found
 

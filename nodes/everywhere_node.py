@@ -34,7 +34,7 @@ class TiledAttentionEverywhere(io.ComfyNode):
                     "Optional pass-through (any type, e.g. a wrapper pack's model): wired in front of a loader or "
                     "sampler, the switch happens before that node runs.")),
             ],
-            outputs=[io.AnyType.Output("value", tooltip="The 'value' input, unchanged."),
+            outputs=[io.AnyType.Output("passthrough", display_name="value", tooltip="The 'value' input, unchanged."),
                      io.String.Output("state", tooltip="The mode now in force and the attention calls counted.")],
             is_output_node=True,
         )

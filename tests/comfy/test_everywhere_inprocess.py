@@ -96,6 +96,7 @@ def test_environment_applies_once_at_load_and_start_line_shows_it(pack, ew, monk
 
 def test_node_switches_passes_value_and_reports(pack, ew):
     everywhere_node = node(pack, "TiledAttentionEverywhere")
+    everywhere_node.GET_SCHEMA().validate()  # what ComfyUI's loader checks (unique ids, ...)
     info = everywhere_node.GET_NODE_INFO_V1()
     for name, spec in info["input"]["required"].items():
         assert spec[1].get("tooltip"), name
@@ -164,9 +165,9 @@ def test_min_tokens_floor_and_inputs_torch_keeps(ew, standin):
     standin.run_wrapper_model(1, 64, "sdpa", torch.float32)
     assert stats("torch_sdpa")["routed"] == 4
     ints = torch.ones(1, 2, 8, 4, dtype=torch.int64)
-    with pytest.raises(RuntimeError) as theirs:
+    with pytest.raises(Exception) as theirs:
         TORCH_SDPA(ints, ints, ints)
-    with pytest.raises(RuntimeError) as ours:
+    with pytest.raises(type(theirs.value)) as ours:
         F.scaled_dot_product_attention(ints, ints, ints)
     assert str(ours.value) == str(theirs.value)  # torch's own error: the call went to torch
 
@@ -176,7 +177,7 @@ def test_comfy_global_attention_routed_everywhere_it_is_held_and_restored(ew, st
     import comfy.ldm.wan.model as wan_model
     route = mod("nodes.comfy_global_route")
     before = [(name, cell, cell.cell_contents) for name, _, cell in route._wrappers()]
-    assert {"optimized_attention", "attention_basic", "attention_sub_quad"} <= {n for n, _, _ in before}
+    assert {"optimized_attention", "attention_basic", "attention_pytorch"} <= {n for n, _, _ in before}
     off, calls = standin.run_wrapper_model(2, 48, "comfy", torch.float32)
     ew.set_mode("chunked", 0)
     on, _ = standin.run_wrapper_model(2, 48, "comfy", torch.float32)

@@ -278,10 +278,12 @@ def test_switched_off_inside_another_wrapper_and_on_again_never_recurses():
     try:
         attention_core.disable()
         assert F.scaled_dot_product_attention is theirs and not attention_core.is_enabled()
-        attention_core.enable(force=True, min_tokens=10 ** 6)
-        assert F.scaled_dot_product_attention is theirs and attention_core.is_enabled()
+        attention_core.enable(force=True, min_tokens=10 ** 6)  # ours on top again: ours -> theirs -> ours -> torch
+        assert F.scaled_dot_product_attention is ours and attention_core.is_enabled()
         assert torch.allclose(F.scaled_dot_product_attention(q, q, q), TORCH_SDPA(q, q, q))
         assert seen == [1]
         attention_core.disable()
+        assert F.scaled_dot_product_attention is theirs
+        assert torch.allclose(F.scaled_dot_product_attention(q, q, q), TORCH_SDPA(q, q, q)) and seen == [1, 1]
     finally:
         F.scaled_dot_product_attention = TORCH_SDPA

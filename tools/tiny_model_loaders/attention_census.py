@@ -118,11 +118,11 @@ def _comfy_counter(func):
 
 
 def _torch_counter(func):
-    def counted(q, *args, **kwargs):
+    def counted(*args, **kwargs):  # diffusers passes query=, key=, value= by keyword
         if not _inside():
-            _count("torch_sdpa", q, -2)
+            _count("torch_sdpa", args[0] if args else kwargs.get("query"), -2)
         with _Depth():
-            return func(q, *args, **kwargs)
+            return func(*args, **kwargs)
     setattr(counted, _MARK, func)
     return counted
 

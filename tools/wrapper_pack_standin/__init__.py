@@ -74,7 +74,9 @@ def diffusers_wan_inputs(seed: int, frames: int, height: int, width: int):
 def run_diffusers_wan(seed: int, frames: int, height: int, width: int, dtype=torch.float32, model=None):
     """(output, attention calls) of the tiny diffusers Wan (built from `seed`, or `model`) on random inputs from
     `seed`, run as a diffusers pack runs it."""
-    model = (tiny_diffusers_wan(seed) if model is None else model).to(dtype)
+    model = tiny_diffusers_wan(seed) if model is None else model
+    if next(model.parameters()).dtype != dtype:
+        model = model.to(dtype)
     calls, handles = count_calls(model, "WanAttention")
     inputs = {k: (v.to(dtype) if v.is_floating_point() else v)
               for k, v in diffusers_wan_inputs(seed, frames, height, width).items()}
