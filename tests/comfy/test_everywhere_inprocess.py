@@ -51,6 +51,12 @@ def stats(path):
     return mod("attention_core.patch").stats().get(path, {"routed": 0, "passed": 0, "deferred": 0, "total": 0})
 
 
+def report(what, routed, total):
+    """The measured routed / total calls of a code path (pytest -s shows them; the README's table)."""
+    from tools.comfyui import inprocess_version
+    print(f"\nComfyUI {inprocess_version()}, {what}: {routed} of {total} attention calls routed")
+
+
 def rel(a, b):
     return float((a.double() - b.double()).abs().max() / b.double().abs().max())
 
@@ -123,10 +129,12 @@ def test_diffusers_wan_every_call_routed_and_exact(ew, standin, mode, monkeypatc
     assert calls == 4  # 2 blocks x (self + cross attention)
     ref, _ = standin.run_diffusers_wan(*args, dtype=torch.float64)
     assert stats("torch_sdpa")["total"] == 0  # off: nothing seen, nothing routed
+    report("diffusers Wan, mode off", 0, calls)
     ew.set_mode(mode, 0)
     on, calls_on = standin.run_diffusers_wan(*args)
     s = stats("torch_sdpa")
     assert calls_on == calls and s["routed"] == s["total"] == calls, s
+    report(f"diffusers Wan, mode {mode}", s["routed"], calls)
     torch_err, engine_err = rel(off, ref), rel(on, ref)
     assert engine_err <= 8 * torch_err + 1e-6, (engine_err, torch_err)
     assert rel(on, off) < 1e-5
@@ -150,6 +158,7 @@ def test_wrapper_sdpa_convention_every_call_routed_and_exact(ew, standin, dtype)
     ew.set_mode("chunked", 0)
     on, _ = standin.run_wrapper_model(1, 64, "sdpa", half)
     s = stats("torch_sdpa")
+    report(f"WanVideoWrapper-style sdpa ({dtype}), mode chunked", s["routed"], calls)
     assert calls == 4 and s["routed"] == s["total"] == calls, s
     eps = torch.finfo(half).eps
     assert rel(on, ref) <= 2 * rel(off, ref) + eps, (rel(on, ref), rel(off, ref))
@@ -182,6 +191,7 @@ def test_comfy_global_attention_routed_everywhere_it_is_held_and_restored(ew, st
     ew.set_mode("chunked", 0)
     on, _ = standin.run_wrapper_model(2, 48, "comfy", torch.float32)
     s = stats("comfy_attention")
+    report("WanVideoWrapper-style 'comfy' mode (global optimized_attention), mode chunked", s["routed"], calls)
     assert calls == 4 and s["routed"] == s["total"] == calls, s
     assert rel(on, off) < 1e-5
     # the same wrapper, however a module holds it: by name (Wan), by attribute, handed out per device
@@ -268,12 +278,16 @@ def test_native_wan_patch_attention_settings_win_and_no_call_routed_twice(pack, 
     s = stats("comfy_attention")
     assert node_stats["engine"] == 0 and node_stats["passthrough"] > 0
     assert s["deferred"] == node_stats["passthrough"] and s["routed"] == 0 and engine[0] == 0, s
+    report("native Wan, Patch Attention passing every call on (min_tokens 10^6), mode chunked: by the mode",
+           s["routed"], node_stats["passthrough"])
     assert rel(out, ref) < 1e-4
     # the node routes every call: once each, by the node
     mod("attention_core.patch").reset_stats()
     routing, node_stats = patch_node(pack, wan, 0)
     out = sample(routing)
     assert node_stats["engine"] > 0 and engine[0] == node_stats["engine"]
+    report("native Wan, Patch Attention chunked min_tokens 0, mode chunked: by the node (the mode saw "
+           f"{stats('comfy_attention')['total']})", node_stats["engine"], engine[0])
     assert stats("comfy_attention")["total"] == 0 and stats("torch_sdpa")["total"] == 0
     assert rel(out, ref) < 1e-4
     # the same model without the node: the mode routes it
@@ -282,6 +296,7 @@ def test_native_wan_patch_attention_settings_win_and_no_call_routed_twice(pack, 
     out = sample(wan)
     s = stats("comfy_attention")
     assert s["routed"] == s["total"] == node_stats["engine"] == engine[0], s
+    report("native Wan without Patch Attention, mode chunked", s["routed"], s["total"])
     assert rel(out, ref) < 1e-4
 
 
@@ -313,11 +328,13 @@ def test_text_encoder_and_vae_paths(pack, ew, tmp_path_factory):
         out_te = encode(clip)
         s = stats("comfy_attention")
         assert s["routed"] == s["total"] == 2, s  # 2 UMT5 layers
+        report("UMT5 text encoder (attention_basic), mode chunked", s["routed"], s["total"])
         assert rel(out_te, ref_te) < 1e-4
         counts.reset()
         with torch.no_grad():
             out_vae = vae.decode(latent)
         assert counts.by_function.get("vae.normal_attention", 0) == vae_calls  # not reached by the mode
+        report("Wan 2.2 VAE on normal_attention, mode chunked", stats("torch_sdpa")["routed"], vae_calls)
         assert stats("torch_sdpa")["total"] == 0 and torch.equal(out_vae, ref_vae)
         # the same blocks on pytorch VAE attention (ComfyUI's choice where pytorch attention is enabled)
         blocks = [m for m in vae.first_stage_model.modules() if m.__dict__.get("optimized_attention") is not None]
@@ -327,6 +344,7 @@ def test_text_encoder_and_vae_paths(pack, ew, tmp_path_factory):
             out_sdpa = vae.decode(latent)
         s = stats("torch_sdpa")
         assert s["routed"] == s["total"] == vae_calls, s
+        report("Wan 2.2 VAE on pytorch_attention (torch SDPA), mode chunked", s["routed"], vae_calls)
         assert rel(out_sdpa, ref_vae) < 1e-4
 
 
