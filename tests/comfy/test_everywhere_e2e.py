@@ -106,6 +106,7 @@ def test_started_on_by_the_environment_variable(server):
         got = everywhere_of(server, pid)["torch_sdpa"]
         show(server, f"mode set at start (online, min_tokens 1024), stand-in sdpa at {tokens} tokens", got)
         assert ui_of(entry, "1")["attention_calls"] == got["total"] == 4 and got["routed"] == routed, got
+        assert sum(census_of(server, pid)["engine"].values()) == routed  # computed by the engine
 
 
 def test_switch_in_the_graph_routes_every_call_of_packs_with_their_own_model_code(server):
@@ -120,6 +121,7 @@ def test_switch_in_the_graph_routes_every_call_of_packs_with_their_own_model_cod
     assert sdpa_calls == 8 and comfy_calls == 4
     assert got["torch_sdpa"]["routed"] == got["torch_sdpa"]["total"] == sdpa_calls, got
     assert got["comfy_attention"]["routed"] == got["comfy_attention"]["total"] == comfy_calls, got
+    assert sum(census_of(server, pid_on)["engine"].values()) == sdpa_calls + comfy_calls  # by the engine
     assert "mode chunked" in on["outputs"]["1"]["text"][0]
     assert rel(saved(on, "2"), saved(off, "2")) < 1e-5  # fp32: rounding only
     assert rel(saved(on, "4"), saved(off, "4")) < 1e-5
@@ -171,4 +173,5 @@ def test_native_wan_in_the_same_queue_keeps_patch_attentions_settings(server):
     got = everywhere_of(server, pid)
     show(server, "native Wan 2.2 without Patch Attention under mode chunked", got)
     assert got["comfy_attention"]["routed"] == got["comfy_attention"]["total"] > sum(dit.values()), got
+    assert sum(census_of(server, pid)["engine"].values()) == got["comfy_attention"]["routed"]
     server.queue_prompt({"1": switch("off")})

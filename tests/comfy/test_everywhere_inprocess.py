@@ -122,6 +122,7 @@ def test_node_switches_passes_value_and_reports(pack, ew):
 
 @pytest.mark.parametrize("mode", ["chunked", "auto"])
 def test_diffusers_wan_every_call_routed_and_exact(ew, standin, mode, monkeypatch):
+    engine = engine_calls(monkeypatch)
     if mode == "auto":
         monkeypatch.setenv("TILED_ATTENTION", "force")  # the CPU has a fused backend; force the device verdict
     args = (3, 2, 8, 8)  # seed, frames, height, width: 32 tokens
@@ -134,6 +135,7 @@ def test_diffusers_wan_every_call_routed_and_exact(ew, standin, mode, monkeypatc
     on, calls_on = standin.run_diffusers_wan(*args)
     s = stats("torch_sdpa")
     assert calls_on == calls and s["routed"] == s["total"] == calls, s
+    assert engine[0] == calls  # the engine computed each of them
     report(f"diffusers Wan, mode {mode}", s["routed"], calls)
     torch_err, engine_err = rel(off, ref), rel(on, ref)
     assert engine_err <= 8 * torch_err + 1e-6, (engine_err, torch_err)
@@ -151,7 +153,8 @@ def test_auto_leaves_devices_with_fused_attention_alone(ew, standin, monkeypatch
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
-def test_wrapper_sdpa_convention_every_call_routed_and_exact(ew, standin, dtype):
+def test_wrapper_sdpa_convention_every_call_routed_and_exact(ew, standin, dtype, monkeypatch):
+    engine = engine_calls(monkeypatch)
     half = standin.DTYPES[dtype]
     off, calls = standin.run_wrapper_model(1, 64, "sdpa", half)
     ref, _ = standin.run_wrapper_model(1, 64, "sdpa", torch.float64)
@@ -159,6 +162,7 @@ def test_wrapper_sdpa_convention_every_call_routed_and_exact(ew, standin, dtype)
     on, _ = standin.run_wrapper_model(1, 64, "sdpa", half)
     s = stats("torch_sdpa")
     report(f"WanVideoWrapper-style sdpa ({dtype}), mode chunked", s["routed"], calls)
+    assert engine[0] == calls
     assert calls == 4 and s["routed"] == s["total"] == calls, s
     eps = torch.finfo(half).eps
     assert rel(on, ref) <= 2 * rel(off, ref) + eps, (rel(on, ref), rel(off, ref))
@@ -181,7 +185,8 @@ def test_min_tokens_floor_and_inputs_torch_keeps(ew, standin):
     assert str(ours.value) == str(theirs.value)  # torch's own error: the call went to torch
 
 
-def test_comfy_global_attention_routed_everywhere_it_is_held_and_restored(ew, standin):
+def test_comfy_global_attention_routed_everywhere_it_is_held_and_restored(ew, standin, monkeypatch):
+    engine = engine_calls(monkeypatch)
     import comfy.ldm.modules.attention as attention
     import comfy.ldm.wan.model as wan_model
     route = mod("nodes.comfy_global_route")
@@ -192,6 +197,7 @@ def test_comfy_global_attention_routed_everywhere_it_is_held_and_restored(ew, st
     on, _ = standin.run_wrapper_model(2, 48, "comfy", torch.float32)
     s = stats("comfy_attention")
     report("WanVideoWrapper-style 'comfy' mode (global optimized_attention), mode chunked", s["routed"], calls)
+    assert engine[0] == calls
     assert calls == 4 and s["routed"] == s["total"] == calls, s
     assert rel(on, off) < 1e-5
     # the same wrapper, however a module holds it: by name (Wan), by attribute, handed out per device
@@ -203,6 +209,7 @@ def test_comfy_global_attention_routed_everywhere_it_is_held_and_restored(ew, st
         n = stats("comfy_attention")["routed"]
         out = fn(q, k, v, 4)
         assert stats("comfy_attention")["routed"] == n + 1, fn
+        assert engine[0] == n + 1, fn  # the engine computed it
         want = TORCH_SDPA(*(t.view(1, 40, 4, 8).transpose(1, 2).double() for t in (q, k, v)))
         assert (out.double() - want.transpose(1, 2).reshape(1, 40, 32)).abs().max() < 1e-5
     ew.set_mode("off")
@@ -300,10 +307,11 @@ def test_native_wan_patch_attention_settings_win_and_no_call_routed_twice(pack, 
     assert rel(out, ref) < 1e-4
 
 
-def test_text_encoder_and_vae_paths(pack, ew, tmp_path_factory):
+def test_text_encoder_and_vae_paths(pack, ew, tmp_path_factory, monkeypatch):
     """UMT5 (ComfyUI's small-input attention_basic) is routed by the mode; the Wan VAE's blocks hold ComfyUI's
     plain normal_attention (the CPU's and AMD's VAE attention): the mode cannot reach it (Patch Attention (VAE)
     does); with pytorch VAE attention (pytorch_attention, torch SDPA) the mode routes it."""
+    engine = engine_calls(monkeypatch)
     import comfy.ldm.modules.diffusionmodules.model as vae_model
     import comfy.sd
     import comfy.utils
@@ -328,6 +336,8 @@ def test_text_encoder_and_vae_paths(pack, ew, tmp_path_factory):
         out_te = encode(clip)
         s = stats("comfy_attention")
         assert s["routed"] == s["total"] == 2, s  # 2 UMT5 layers
+        assert engine[0] == 2
+        engine[0] = 0
         report("UMT5 text encoder (attention_basic), mode chunked", s["routed"], s["total"])
         assert rel(out_te, ref_te) < 1e-4
         counts.reset()
@@ -343,7 +353,7 @@ def test_text_encoder_and_vae_paths(pack, ew, tmp_path_factory):
         with torch.no_grad():
             out_sdpa = vae.decode(latent)
         s = stats("torch_sdpa")
-        assert s["routed"] == s["total"] == vae_calls, s
+        assert s["routed"] == s["total"] == vae_calls == engine[0], (s, engine)
         report("Wan 2.2 VAE on pytorch_attention (torch SDPA), mode chunked", s["routed"], vae_calls)
         assert rel(out_sdpa, ref_vae) < 1e-4
 

@@ -1,7 +1,8 @@
 """Test-only census of where attention runs inside a ComfyUI server, per prompt and per call site.
 
 Counters, each {call site: {query length: calls}}:
-  engine      calls the pack's engine computed (the `scaled_dot_product_attention` that nodes/comfy_adapter.py calls);
+  engine      calls the pack's engine computed (the `scaled_dot_product_attention` that nodes/comfy_adapter.py calls,
+              and the one in the pack's attention_core.sdpa, which the process-wide SDPA patch calls);
   comfy       calls that reached ComfyUI's own attention functions (the functions behind every @wrap_attn wrapper in
               comfy.ldm.modules.attention: optimized_attention, optimized_attention_masked, attention_pytorch, ...),
               i.e. calls that bypassed the pack or that it passed through;
@@ -163,9 +164,14 @@ def _wrap_comfy_functions():
 
 
 def _wrap_engine():
-    for mod in list(sys.modules.values()):
+    """The engine's entry in the pack's adapter (the nodes' routes, ComfyUI's global attention route) and in the
+    pack's attention_core.sdpa (where the process-wide SDPA patch looks it up at each call)."""
+    for name, mod in list(sys.modules.items()):
         names = getattr(mod, "__dict__", None)  # not getattr(mod, ...): some modules (torch.classes) resolve any name
-        if not isinstance(names, dict) or "run_engine" not in names or "OVERRIDE_KEY" not in names:
+        if not isinstance(names, dict):
+            continue
+        adapter = "run_engine" in names and "OVERRIDE_KEY" in names
+        if not adapter and not (name.endswith(".attention_core.sdpa") and "tiled_attention" in names):
             continue
         fn = names.get("scaled_dot_product_attention")
         if fn is not None and _MARK not in getattr(fn, "__dict__", {}):
