@@ -235,6 +235,8 @@ def test_attention_memory_is_linear_in_tokens(ew, standin, monkeypatch):
     ew.set_mode("chunked", 0)
     small, large = peak(2), peak(4)
     assert stats("torch_sdpa")["routed"] == 8
+    print(f"\nLiveBytes peak of the diffusers Wan, math SDPA: mode off {math_peak / 2 ** 20:.1f} MiB at 4096 tokens; "
+          f"mode chunked {small / 2 ** 20:.1f} MiB at 2048, {large / 2 ** 20:.1f} MiB at 4096 (scores: {scores / 2 ** 20:.0f} MiB)")
     assert math_peak >= scores, math_peak
     assert large <= scores / 4, (large, scores)
     assert large <= 2.5 * small, (small, large)  # doubling N at most ~doubles the peak: O(N), not O(N^2)
