@@ -52,11 +52,13 @@ class GlobalAttentionRoute:
         if not torch.compiler.is_compiling() and patch.is_deferred():
             patch.record(PATH, "deferred")
             return self.inner(*args, **kwargs)
-        call = bind_call(args, kwargs)
-        lq, lk = _seq_lens(call)
+        try:
+            call = bind_call(args, kwargs)
+        except TypeError:  # a call this route does not understand: ComfyUI's function answers it as before
+            call = None
         settings = settings_for(cfg)
-        if not (torch.is_tensor(call["q"]) and call["q"].is_floating_point()) \
-                or not wants_engine(settings, call["q"], lq, lk):
+        if call is None or not (torch.is_tensor(call["q"]) and call["q"].is_floating_point()) \
+                or not wants_engine(settings, call["q"], *_seq_lens(call)):
             patch.record(PATH, "passed")
             return self.inner(*args, **kwargs)
         patch.record(PATH, "routed")
