@@ -1,8 +1,9 @@
-"""ComfyUI entry point of the Tiled Attention pack (V3: `comfy_entrypoint`). Importing it logs one line saying
-whether this GPU needs tiled attention and patches nothing; ComfyUI's loader then calls `comfy_entrypoint`, which
-registers the "tiled" attention backend name (no default changes) and lists the nodes. Patching happens per
-workflow, in the nodes, on clones. Under a torch older than the engine needs (2.5) it logs that in one line and
-lists no nodes, so ComfyUI keeps loading the other packs."""
+"""ComfyUI entry point of the Tiled Attention pack (V3: `comfy_entrypoint`). Importing it patches nothing; ComfyUI's
+loader then calls `comfy_entrypoint`, which registers the "tiled" attention backend name (no default changes),
+applies the process-wide mode only when the environment variable TILED_ATTENTION_EVERYWHERE asks for it, logs one
+line (whether this GPU needs tiled attention, and the process-wide mode) and lists the nodes. Otherwise patching
+happens per workflow, in the nodes, on clones. Under a torch older than the engine needs (2.5) it logs that in one
+line and lists no nodes, so ComfyUI keeps loading the other packs."""
 import logging
 
 try:
@@ -17,18 +18,3 @@ except ImportError as e:
     __all__ = ["NODE_CLASS_MAPPINGS"]
 else:
     __all__ = ["comfy_entrypoint"]
-
-
-def _log_verdict():
-    try:
-        import torch
-
-        from .attention_core import detect
-        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-        logging.getLogger("tiled_attention").info("[tiled-attention] %s", detect(device).summary())
-    except Exception as e:  # noqa: BLE001 - a report must never break ComfyUI's start
-        logging.getLogger("tiled_attention").warning("[tiled-attention] device detection failed: %s", e)
-
-
-if "comfy_entrypoint" in __all__:
-    _log_verdict()

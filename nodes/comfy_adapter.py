@@ -18,6 +18,7 @@ from typing import Optional
 import torch
 
 from ..attention_core import TIER_CHOICES, AttentionMemoryError, detect, scaled_dot_product_attention
+from ..attention_core.patch import deferred
 
 log = logging.getLogger("tiled_attention")
 
@@ -129,6 +130,17 @@ def count(settings: PatchSettings, what: str) -> int:
     return settings.stats[what]
 
 
+def pass_on(fn, *args, **kwargs):
+    """fn(*args, **kwargs) for a call that this pack's per-model route passes on: the process-wide mode
+    (attention_core.patch, nodes/everywhere.py) leaves what runs inside to ComfyUI and torch, so the node's settings
+    win for its model and no call is routed twice. Inside a torch.compile trace (thread-local state is not traced)
+    fn is called as it is."""
+    if torch.compiler.is_compiling():
+        return fn(*args, **kwargs)
+    with deferred():
+        return fn(*args, **kwargs)
+
+
 def make_override(settings: PatchSettings, previous=None):
     """The override installed on a model: the engine where settings say so, else `previous` or ComfyUI's own."""
 
@@ -139,8 +151,8 @@ def make_override(settings: PatchSettings, previous=None):
             count(settings, "passthrough")
             args = tuple(call[n] for n in POSITIONAL[:len(args)])
             if previous is not None:
-                return previous(func, *args, **kwargs)
-            return func(*args, **kwargs)
+                return pass_on(previous, func, *args, **kwargs)
+            return pass_on(func, *args, **kwargs)
         if count(settings, "engine") == 1:
             log.info("[tiled-attention] %s: tiled attention running (mode %s), first call q %s k %s, heads %s",
                      settings.node, settings.mode, tuple(call["q"].shape), tuple(call["k"].shape), call["heads"])

@@ -6,15 +6,28 @@ import torch
 from ..attention_core import detect
 from .api import io
 from .comfy_adapter import comfy_default_attention
+from .everywhere import describe as everywhere_state
+
+
+def _device():
+    try:
+        import comfy.model_management as mm
+        return mm.get_torch_device()
+    except Exception:  # noqa: BLE001 - outside ComfyUI
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def startup_line() -> str:
+    """The pack's start log line: this device's verdict and the process-wide mode."""
+    try:
+        verdict = detect(_device()).summary()
+    except Exception as e:  # noqa: BLE001 - a report must never break ComfyUI's start
+        verdict = f"device detection failed: {e}"
+    return f"{verdict}; {everywhere_state(stats=False)}"
 
 
 def report_text() -> str:
-    try:
-        import comfy.model_management as mm
-        device = mm.get_torch_device()
-    except Exception:  # noqa: BLE001 - outside ComfyUI
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    r = detect(device)
+    r = detect(_device())
     lines = [r.text(), f"ComfyUI's own attention: {comfy_default_attention()}",
              f"torch: {torch.__version__}" + (f", HIP {torch.version.hip}" if getattr(torch.version, "hip", None)
                                               else (f", CUDA {torch.version.cuda}" if torch.version.cuda else ""))]
@@ -23,6 +36,7 @@ def report_text() -> str:
     else:
         lines.append("Patch Attention (mode auto): leaves attention to ComfyUI here (a fused backend runs); "
                      "choose chunked/online/inplace to force tiled attention.")
+    lines.append(everywhere_state())
     if not r.bf16_hardware and r.vendor == "amd":
         lines.append("bf16: no hardware support; use fp16 weights (--force-fp16 or weight_dtype) for speed.")
     return "\n".join(lines)

@@ -13,7 +13,7 @@ import copy
 import logging
 import math
 
-from .comfy_adapter import POSITIONAL, PatchSettings, count, run_engine, wants_engine
+from .comfy_adapter import POSITIONAL, PatchSettings, count, pass_on, run_engine, wants_engine
 from .object_routes import Rewrappable, set_routes
 
 ATTRIBUTE = "optimized_attention"
@@ -34,7 +34,7 @@ class VaeAttentionRoute(Rewrappable):
         n = math.prod(shape[2:])
         if not wants_engine(self.settings, q, n, math.prod(k.shape[2:])):
             count(self.settings, "passthrough")
-            return self.inner(q, k, v)
+            return pass_on(self.inner, q, k, v)  # the node decided: the process-wide mode leaves it to ComfyUI
         if count(self.settings, "engine") == 1:
             log.info("[tiled-attention] %s: tiled attention running (mode %s), first call q %s", self.settings.node,
                      self.settings.mode, tuple(shape))

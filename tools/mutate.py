@@ -85,7 +85,8 @@ GRADS = [E + "test_sdpa_autograd.py", E + "test_ops.py", E + "test_transforms.py
 NODES, ROUTING, CLONES, FIT = C + "test_comfy_nodes.py", C + "test_attention_routing.py", C + "test_deep_clones.py", \
     C + "test_fit_node.py"
 COMPILE = C + "test_compile_fullgraph.py"
-NODE_TESTS = [NODES, ROUTING, CLONES, FIT, ADAPTER_KILLS]
+EVERYWHERE = C + "test_everywhere_inprocess.py"  # the process-wide mode (Tiled Attention Everywhere)
+NODE_TESTS = [NODES, ROUTING, CLONES, FIT, EVERYWHERE, ADAPTER_KILLS]
 BY_FILE = [
     ("attention_core/autograd.py", GRADS),
     ("attention_core/tiers/backward.py", GRADS),
@@ -96,19 +97,22 @@ BY_FILE = [
     ("attention_core/ffn.py", [E + "test_ffn_chunking.py", E + "test_ffn_compile.py", KILLS, FRESH_KILLS]),
     ("attention_core/parallel.py", [E + "test_parallel.py", E + "test_parallel_kv_copies.py"]),
     ("attention_core/selfcheck.py", [E + "test_detection.py", KILLS]),
-    ("nodes/__init__.py", [NODES, ROUTING, ADAPTER_KILLS]),  # the extension: node list, backend registration
+    ("nodes/__init__.py", [NODES, ROUTING, EVERYWHERE, ADAPTER_KILLS]),  # the extension: nodes, backend, env
     ("nodes/api.py", [NODES]),
     ("nodes/attention.py", [NODES, ROUTING, CLONES, ADAPTER_KILLS]),  # Patch Attention (MODEL, CLIP, VAE)
     ("nodes/backend_registry.py", [NODES, ROUTING, ADAPTER_KILLS]),
     ("nodes/clones.py", [CLONES, NODES, ROUTING]),
-    ("nodes/comfy_adapter.py", [NODES, ROUTING, CLONES, COMPILE, ADAPTER_KILLS]),
+    ("nodes/comfy_adapter.py", [NODES, ROUTING, CLONES, EVERYWHERE, COMPILE, ADAPTER_KILLS]),
+    ("nodes/comfy_global_route.py", [EVERYWHERE, NODES]),  # ComfyUI's global attention in the process-wide mode
     ("nodes/connector_route.py", [ROUTING, CLONES, NODES]),  # LTX-2.3's text connectors
+    ("nodes/everywhere.py", [EVERYWHERE, NODES]),  # the process-wide mode: environment variable, state
+    ("nodes/everywhere_node.py", [EVERYWHERE, NODES]),  # Tiled Attention Everywhere
     ("nodes/ffn.py", [NODES, CLONES, COMPILE]),  # FFN Chunking
     ("nodes/fit.py", [FIT, NODES]),  # Attention Fit
-    ("nodes/info.py", [NODES]),  # Attention Info
+    ("nodes/info.py", [NODES, EVERYWHERE]),  # Attention Info, the start line
     ("nodes/object_routes.py", [ROUTING, CLONES, NODES]),
     ("nodes/text_encoder_route.py", [ROUTING, CLONES, NODES]),
-    ("nodes/vae_route.py", [ROUTING, CLONES, NODES]),
+    ("nodes/vae_route.py", [ROUTING, CLONES, NODES, EVERYWHERE]),
 ]
 # files whose tests run them in worker processes (torch.distributed groups) that the coverage run does not trace:
 # their mutants run the file's BY_FILE selection instead of the tests coverage saw on the line (none)
@@ -309,10 +313,11 @@ EQUIVALENT += [
        '"efficient": lambda q: aten._scaled_dot_product_efficient_attention(q, q, q, None, True)[0]}',
        "the probe only asks whether the kernel runs; compute_log_sumexp adds an output and [0] is the attention "
        "output either way (GPU-only code)")
-] + [("attention_core/patch.py::_refresh", "_config = (False, {})", "_config = (True, {})",
+] + [("attention_core/patch.py::_refresh", "_config = Config(False, 0, {})", f"_config = Config({m})",
        "_refresh sets this default only when nothing asks for the patch, and removes the patch in the same call; "
-       "_patched_sdpa returns torch's own result whenever the patch is not installed, before `force` is used (only "
-       "a call on another thread racing the last block's exit, between the two assignments, could see it)")
+       "_patched_sdpa and config() return before `force` or `min_tokens` is used whenever the patch is not "
+       "installed (only a call on another thread racing the last block's exit, between the two assignments, could "
+       "see it)") for m in ("True, 0, {}", "False, 1, {}", "False, -1, {}")
 ] + [("attention_core/tune.py::engine_tile", 'shrink_kv=tier == "online")', 'shrink_kv=tier >= "online")',
        "the tiers are chunked, inplace and online, and only \"online\" sorts at or after \"online\"")
 ] + [("attention_core/estimate.py::_interp", "if n0 <= n <= n1:", f"if n0 {op} n <= n1:",

@@ -67,7 +67,7 @@ def test_nodes_registered_with_old_ids_inputs_and_tooltips(pack):
     classes = node_classes(pack)
     assert {"TiledAttentionPatch", "TiledFFNChunking", "TiledAttentionInfo"} <= set(classes)
     assert set(classes) == {"TiledAttentionPatch", "TiledAttentionPatchCLIP", "TiledAttentionPatchVAE",
-                            "TiledFFNChunking", "TiledAttentionInfo", "TiledAttentionFit"}
+                            "TiledFFNChunking", "TiledAttentionInfo", "TiledAttentionFit", "TiledAttentionEverywhere"}
     old_inputs = {"TiledAttentionPatch": ["model", "mode", "memory_budget_mb", "half_precision", "min_tokens"],
                   "TiledFFNChunking": ["model", "chunks", "enabled"], "TiledAttentionInfo": []}
     for node_id, cls in classes.items():

@@ -221,3 +221,69 @@ def test_fully_masked_rows_match_torch(engine_calls_counter):
         assert torch.equal(got.isnan(), want.isnan())
         torch.testing.assert_close(got.nan_to_num(0), want.nan_to_num(0), atol=1e-6, rtol=1e-5)
     assert engine_calls_counter
+
+
+def test_min_tokens_floor_counts_and_config(engine_calls_counter):
+    """Calls whose longer sequence (query or key) is under min_tokens go to torch; stats() counts per outcome."""
+    patch_mod.reset_stats()
+    q, k_long = torch.randn(1, 2, 8, 4), torch.randn(1, 2, 16, 4)
+    assert patch_mod.config() is None
+    attention_core.enable(force=True, min_tokens=16, tier="online")
+    assert patch_mod.config() == (True, 16, {"tier": "online"})
+    F.scaled_dot_product_attention(q, q, q)  # 8 tokens: torch's
+    assert not engine_calls_counter
+    F.scaled_dot_product_attention(q, k_long, k_long)  # 16 keys: the engine's
+    assert len(engine_calls_counter) == 1
+    assert patch_mod.stats()["torch_sdpa"] == {"routed": 1, "passed": 1, "deferred": 0, "total": 2}
+    with pytest.raises(ValueError, match="min_tokens must be a whole number >= 0"):
+        attention_core.enable(force=True, min_tokens=-1)
+    attention_core.disable()
+    F.scaled_dot_product_attention(q, k_long, k_long)
+    assert patch_mod.stats()["torch_sdpa"]["total"] == 2  # off: nothing counted
+    patch_mod.reset_stats()
+    assert patch_mod.stats() == {}
+
+
+def test_deferred_calls_go_to_torch_on_that_thread_only(engine_calls_counter):
+    """deferred(): another route decided these calls (Patch Attention's pass-through): torch runs them, and
+    other threads are not affected."""
+    patch_mod.reset_stats()
+    q = torch.randn(1, 2, 8, 4)
+    attention_core.enable(force=True)
+    other = []
+    with patch_mod.deferred():
+        with patch_mod.deferred():
+            assert patch_mod.is_deferred()
+            out = F.scaled_dot_product_attention(q, q, q)
+        t = threading.Thread(target=lambda: other.append(F.scaled_dot_product_attention(q, q, q)))
+        t.start()
+        t.join()
+    assert not patch_mod.is_deferred()
+    assert torch.equal(out, TORCH_SDPA(q, q, q)) and len(engine_calls_counter) == 1  # the thread's call only
+    assert patch_mod.stats()["torch_sdpa"] == {"routed": 1, "passed": 0, "deferred": 1, "total": 2}
+
+
+def test_switched_off_inside_another_wrapper_and_on_again_never_recurses():
+    """A library wraps the patched function, the patch is switched off (ours stays inside their wrapper) and on
+    again: re-wrapping their wrapper made the two call each other without end on the pass-through path."""
+    q = torch.randn(1, 2, 8, 4)
+    seen = []
+    attention_core.enable(force=True, min_tokens=10 ** 6)  # every call passes through to torch
+    ours = F.scaled_dot_product_attention
+
+    def theirs(*a, **k):
+        seen.append(1)
+        return ours(*a, **k)
+    F.scaled_dot_product_attention = theirs
+    try:
+        attention_core.disable()
+        assert F.scaled_dot_product_attention is theirs and not attention_core.is_enabled()
+        attention_core.enable(force=True, min_tokens=10 ** 6)  # ours on top again: ours -> theirs -> ours -> torch
+        assert F.scaled_dot_product_attention is ours and attention_core.is_enabled()
+        assert torch.allclose(F.scaled_dot_product_attention(q, q, q), TORCH_SDPA(q, q, q))
+        assert seen == [1]
+        attention_core.disable()
+        assert F.scaled_dot_product_attention is theirs
+        assert torch.allclose(F.scaled_dot_product_attention(q, q, q), TORCH_SDPA(q, q, q)) and seen == [1, 1]
+    finally:
+        F.scaled_dot_product_attention = TORCH_SDPA

@@ -637,7 +637,7 @@ OLD_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "saved_before
 OLD_WORKFLOWS = sorted(glob.glob(os.path.join(OLD_DIR, "*.json")))
 OLD_IDS = [os.path.basename(p) for p in OLD_WORKFLOWS]
 PACK_NODES = {"TiledAttentionPatch", "TiledAttentionPatchCLIP", "TiledAttentionPatchVAE", "TiledFFNChunking",
-              "TiledAttentionInfo", "TiledAttentionFit"}
+              "TiledAttentionInfo", "TiledAttentionFit", "TiledAttentionEverywhere"}
 
 
 @pytest.mark.parametrize("version", ["0.33.0", "0.3.75"])

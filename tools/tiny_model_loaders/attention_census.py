@@ -1,12 +1,15 @@
 """Test-only census of where attention runs inside a ComfyUI server, per prompt and per call site.
 
 Counters, each {call site: {query length: calls}}:
-  engine      calls the pack's engine computed (the `scaled_dot_product_attention` that nodes/comfy_adapter.py calls);
+  engine      calls the pack's engine computed (the `scaled_dot_product_attention` that nodes/comfy_adapter.py calls,
+              and the one in the pack's attention_core.sdpa, which the process-wide SDPA patch calls);
   comfy       calls that reached ComfyUI's own attention functions (the functions behind every @wrap_attn wrapper in
               comfy.ldm.modules.attention: optimized_attention, optimized_attention_masked, attention_pytorch, ...),
               i.e. calls that bypassed the pack or that it passed through;
   torch_sdpa  direct torch.nn.functional.scaled_dot_product_attention calls (not the ones ComfyUI's functions make);
-  engine_masked, comfy_masked   the calls of the first two that carried an attention mask.
+  engine_masked, comfy_masked   the calls of the first two that carried an attention mask;
+  everywhere  the process-wide mode's own counts during the prompt (attention_core.patch.stats(): {code path:
+              {"routed", "passed", "deferred", "total"}}), for the paths that saw calls.
 A call site is "<Owner>.<attribute>" of the attention module that made the call (for example
 "BasicAVTransformerBlock.audio_to_video_attn", "TransformerBlockGemma2.self_attn"), found from the caller's frames;
 "file:line" when no module owns it. After each prompt the server log gets one line
@@ -40,7 +43,8 @@ _counts = {kind: defaultdict(lambda: defaultdict(int)) for kind in KINDS}
 _local = threading.local()
 _state = {"breaking": None}  # the running prompt's break mode (ComfyUI runs one prompt at a time)
 _SKIP_PARTS = (os.sep + "torch" + os.sep, os.path.join("comfy", "ldm", "modules", "attention.py"),
-               os.sep + "attention_core" + os.sep, os.path.join("nodes", "comfy_adapter.py"), __file__)
+               os.sep + "attention_core" + os.sep, os.path.join("nodes", "comfy_adapter.py"),
+               os.path.join("nodes", "comfy_global_route.py"), __file__)
 
 
 def enabled():
@@ -115,11 +119,11 @@ def _comfy_counter(func):
 
 
 def _torch_counter(func):
-    def counted(q, *args, **kwargs):
+    def counted(*args, **kwargs):  # diffusers passes query=, key=, value= by keyword
         if not _inside():
-            _count("torch_sdpa", q, -2)
+            _count("torch_sdpa", args[0] if args else kwargs.get("query"), -2)
         with _Depth():
-            return func(q, *args, **kwargs)
+            return func(*args, **kwargs)
     setattr(counted, _MARK, func)
     return counted
 
@@ -151,14 +155,23 @@ def _wrap_comfy_functions():
         if code is None or "func" not in code.co_freevars or not hasattr(value, "__wrapped__"):
             continue
         cell = value.__closure__[code.co_freevars.index("func")]
-        if not hasattr(cell.cell_contents, _MARK):
-            cell.cell_contents = _comfy_counter(cell.cell_contents)
+        holder = cell.cell_contents
+        if type(holder).__name__ == "GlobalAttentionRoute":  # the process-wide mode's route: count beneath it,
+            if not hasattr(holder.inner, _MARK):               # so that only the calls it passes on count as comfy
+                holder.inner = _comfy_counter(holder.inner)
+        elif not hasattr(holder, _MARK):
+            cell.cell_contents = _comfy_counter(holder)
 
 
 def _wrap_engine():
-    for mod in list(sys.modules.values()):
+    """The engine's entry in the pack's adapter (the nodes' routes, ComfyUI's global attention route) and in the
+    pack's attention_core.sdpa (where the process-wide SDPA patch looks it up at each call)."""
+    for name, mod in list(sys.modules.items()):
         names = getattr(mod, "__dict__", None)  # not getattr(mod, ...): some modules (torch.classes) resolve any name
-        if not isinstance(names, dict) or "run_engine" not in names or "OVERRIDE_KEY" not in names:
+        if not isinstance(names, dict):
+            continue
+        adapter = "run_engine" in names and "OVERRIDE_KEY" in names
+        if not adapter and not (name.endswith(".attention_core.sdpa") and "tiled_attention" in names):
             continue
         fn = names.get("scaled_dot_product_attention")
         if fn is not None and _MARK not in getattr(fn, "__dict__", {}):
@@ -174,13 +187,31 @@ def install():
         torch.nn.functional.scaled_dot_product_attention = _torch_counter(sdpa)
 
 
+def _everywhere_stats():
+    """attention_core.patch.stats() of the pack loaded in this process ({} before it is): the process-wide mode's
+    calls per code path (routed / passed / deferred / total)."""
+    for mod in list(sys.modules.values()):
+        names = getattr(mod, "__dict__", None)
+        if isinstance(names, dict) and "_patched_sdpa" in names and callable(names.get("stats")):
+            return names["stats"]()
+    return {}
+
+
+def _delta(after, before):
+    return {path: {k: n - before.get(path, {}).get(k, 0) for k, n in per.items()} for path, per in after.items()
+            if per.get("total", 0) != before.get(path, {}).get("total", 0)}
+
+
 def snapshot():
-    return {kind: {site: dict(per) for site, per in sites.items()} for kind, sites in _counts.items()}
+    out = {kind: {site: dict(per) for site, per in sites.items()} for kind, sites in _counts.items()}
+    out["everywhere"] = _delta(_everywhere_stats(), _state.get("everywhere_start", {}))
+    return out
 
 
 def reset():
     for sites in _counts.values():
         sites.clear()
+    _state["everywhere_start"] = _everywhere_stats()
 
 
 def hook_prompts():
@@ -214,8 +245,10 @@ def parse_log(text):
         if rest.startswith("{"):
             entry = decoder.raw_decode(rest)[0]
             prompt_id = entry.pop("prompt_id")
+            everywhere = entry.pop("everywhere", {})
             out[prompt_id] = {kind: {site: {int(lq): n for lq, n in per.items()}
-                                                  for site, per in sites.items()} for kind, sites in entry.items()}
+                                     for site, per in sites.items()} for kind, sites in entry.items()}
+            out[prompt_id]["everywhere"] = everywhere
     return out
 
 
