@@ -202,12 +202,15 @@ def enable(force: bool = False, min_tokens: int = 0, **options) -> None:
         _refresh()
 
 
-def disable() -> None:
-    """Restore torch's own SDPA now (open patched() blocks are closed too; their exits then change nothing)."""
+def disable(close_blocks: bool = True) -> None:
+    """Restore torch's own SDPA now (open patched() blocks are closed too; their exits then change nothing). With
+    close_blocks=False only enable()'s hold is dropped: open patched() blocks (other code's, maybe on other threads)
+    keep the patch on until they exit."""
     global _global
     with _lock:
         _global = None
-        _blocks.clear()
+        if close_blocks:
+            _blocks.clear()
         _refresh()
 
 

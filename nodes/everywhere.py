@@ -53,7 +53,7 @@ def set_mode(mode: str, min_tokens: int = DEFAULT_MIN_TOKENS, source: str = "the
         was = (_state["mode"], _state["min_tokens"])
         if mode == "off":
             if _state["mode"] != "off":
-                patch.disable()
+                patch.disable(close_blocks=False)  # leave other code's open patched() blocks alone
             comfy_global_route.unroute()
         else:
             patch.enable(force=mode != "auto", min_tokens=min_tokens, tier=mode)

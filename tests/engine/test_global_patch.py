@@ -287,3 +287,18 @@ def test_switched_off_inside_another_wrapper_and_on_again_never_recurses():
         assert torch.allclose(F.scaled_dot_product_attention(q, q, q), TORCH_SDPA(q, q, q)) and seen == [1, 1]
     finally:
         F.scaled_dot_product_attention = TORCH_SDPA
+
+
+def test_disable_without_closing_blocks_keeps_other_codes_open_block():
+    """The process-wide mode switched off (nodes/everywhere.py) drops only enable()'s hold: a patched() block other
+    code has open stays patched until it exits, then torch's function is back; plain disable() closes both."""
+    attention_core.enable(force=True, tier="chunked")
+    with attention_core.patched(force=True, tier="online"):
+        patch_mod.disable(close_blocks=False)
+        assert attention_core.is_enabled() and F.scaled_dot_product_attention is not TORCH_SDPA
+        assert patch_mod.config().options.get("tier") == "online"
+    assert F.scaled_dot_product_attention is TORCH_SDPA and not attention_core.is_enabled()
+    attention_core.enable(force=True)
+    with attention_core.patched(force=True):
+        attention_core.disable()
+        assert F.scaled_dot_product_attention is TORCH_SDPA
