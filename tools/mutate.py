@@ -86,7 +86,8 @@ NODES, ROUTING, CLONES, FIT = C + "test_comfy_nodes.py", C + "test_attention_rou
     C + "test_fit_node.py"
 COMPILE = C + "test_compile_fullgraph.py"
 EVERYWHERE = C + "test_everywhere_inprocess.py"  # the process-wide mode (Tiled Attention Everywhere)
-NODE_TESTS = [NODES, ROUTING, CLONES, FIT, EVERYWHERE, ADAPTER_KILLS]
+SCHEMAS = C + "test_node_schemas.py"  # every node's widgets against the snapshot (seconds)
+NODE_TESTS = [NODES, ROUTING, CLONES, FIT, EVERYWHERE, SCHEMAS, ADAPTER_KILLS]
 BY_FILE = [
     ("attention_core/autograd.py", GRADS),
     ("attention_core/tiers/backward.py", GRADS),
@@ -97,19 +98,19 @@ BY_FILE = [
     ("attention_core/ffn.py", [E + "test_ffn_chunking.py", E + "test_ffn_compile.py", KILLS, FRESH_KILLS]),
     ("attention_core/parallel.py", [E + "test_parallel.py", E + "test_parallel_kv_copies.py"]),
     ("attention_core/selfcheck.py", [E + "test_detection.py", KILLS]),
-    ("nodes/__init__.py", [NODES, ROUTING, EVERYWHERE, ADAPTER_KILLS]),  # the extension: nodes, backend, env
-    ("nodes/api.py", [NODES]),
-    ("nodes/attention.py", [NODES, ROUTING, CLONES, ADAPTER_KILLS]),  # Patch Attention (MODEL, CLIP, VAE)
+    ("nodes/__init__.py", [NODES, ROUTING, EVERYWHERE, ADAPTER_KILLS, SCHEMAS]),  # the extension: nodes, backend, env
+    ("nodes/api.py", [NODES, SCHEMAS]),
+    ("nodes/attention.py", [NODES, ROUTING, CLONES, ADAPTER_KILLS, SCHEMAS]),  # Patch Attention (MODEL, CLIP, VAE)
     ("nodes/backend_registry.py", [NODES, ROUTING, ADAPTER_KILLS]),
     ("nodes/clones.py", [CLONES, NODES, ROUTING]),
     ("nodes/comfy_adapter.py", [NODES, ROUTING, CLONES, EVERYWHERE, COMPILE, ADAPTER_KILLS]),
     ("nodes/comfy_global_route.py", [EVERYWHERE, NODES]),  # ComfyUI's global attention in the process-wide mode
     ("nodes/connector_route.py", [ROUTING, CLONES, NODES]),  # LTX-2.3's text connectors
     ("nodes/everywhere.py", [EVERYWHERE, NODES]),  # the process-wide mode: environment variable, state
-    ("nodes/everywhere_node.py", [EVERYWHERE, NODES]),  # Tiled Attention Everywhere
-    ("nodes/ffn.py", [NODES, CLONES, COMPILE]),  # FFN Chunking
-    ("nodes/fit.py", [FIT, NODES]),  # Attention Fit
-    ("nodes/info.py", [NODES, EVERYWHERE]),  # Attention Info, the start line
+    ("nodes/everywhere_node.py", [EVERYWHERE, NODES, SCHEMAS]),  # Tiled Attention Everywhere
+    ("nodes/ffn.py", [NODES, CLONES, COMPILE, SCHEMAS]),  # FFN Chunking
+    ("nodes/fit.py", [FIT, NODES, SCHEMAS]),  # Attention Fit
+    ("nodes/info.py", [NODES, EVERYWHERE, SCHEMAS]),  # Attention Info, the start line
     ("nodes/object_routes.py", [ROUTING, CLONES, NODES]),
     ("nodes/text_encoder_route.py", [ROUTING, CLONES, NODES]),
     ("nodes/vae_route.py", [ROUTING, CLONES, NODES, EVERYWHERE]),
