@@ -151,7 +151,7 @@ def _agree(fn: str, group, q, k, v, mask, flags: Sequence[float], local_error: O
         same = all(texts[i] == texts[bad[0]] for i in bad)
         detail = (f"rank {bad[0]}: {texts[bad[0]]}" if len(bad) == 1 else f"every one of them: {texts[bad[0]]}"
                   if same else "; ".join(f"rank {i}: {texts[i]}" for i in bad))
-        kind = NotImplementedError if all(texts[i].startswith(_UNSUPPORTED) for i in bad) else ValueError
+        kind = NotImplementedError if all(texts[i].startswith(f"{fn} {_UNSUPPORTED}") for i in bad) else ValueError
         raise kind(f"{fn} (rank {rank} of {world}): rank(s) {bad} rejected the call, so every rank stops here "
                    f"before anything is sent; {detail}")
     differ = [i for i in range(world) if not torch.equal(rows[i], rows[0])]
@@ -372,7 +372,8 @@ def _no_heads(q, k, v, mask, return_lse):
 def _agreed(fn, group, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, engine_kwargs, return_lse):
     """(rank, P, q, k, v) once every rank has agreed on the inputs and engine options (under autocast: cast as
     torch's SDPA does). Nothing is sent before this, so an error here leaves the group as it was."""
-    err = _local_problems(q, k, v, attn_mask, is_causal, dropout_p) or _engine_problems(engine_kwargs)
+    err = _composition_problems(fn, group, (q, k, v, attn_mask))  # first: under vmap the shapes are per sample
+    err = err or _local_problems(q, k, v, attn_mask, is_causal, dropout_p) or _engine_problems(engine_kwargs)
     if err is None and not isinstance(return_lse, bool):
         err = f"return_lse must be True or False, got {return_lse!r}"
     if err is None:
@@ -386,27 +387,27 @@ def _agreed(fn, group, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_g
                    f"attention (as torch's SDPA requires)")
         elif k.shape[1] == 0 or q.shape[1] % k.shape[1]:
             err = f"GQA needs q heads ({q.shape[1]}) divisible by k/v heads ({k.shape[1]})"
-    if err is None and dist.get_world_size(group) > 1:
-        err = _composition_problems(fn, (q, k, v, attn_mask))
     return (*_agree(fn, group, q, k, v, attn_mask, flags, err), q, k, v)
 
 
-_UNSUPPORTED = "not supported: "  # how a refused composition's message starts (every rank raises NotImplementedError)
+_UNSUPPORTED = "does not support"  # "<fn> does not support ...": a refused composition (NotImplementedError)
 
 
-def _composition_problems(fn, tensors) -> Optional[str]:
-    """Why this rank cannot take part exactly: a torch.func transform around the call or forward-mode AD dual
-    tensors among its inputs (the collectives between ranks have neither batching nor forward-mode rules, and worker
-    ranks would compute without the transform). None when it can."""
+def _composition_problems(fn, group, tensors) -> Optional[str]:
+    """Why this rank cannot take part exactly in a call across ranks (P > 1): a torch.func transform around the
+    call or forward-mode AD dual tensors among its inputs. The exchanges between ranks have neither batching nor
+    forward-mode rules. None when it can (and always with one rank: that call is the engine's own)."""
+    if dist.get_world_size(group) == 1:
+        return None
     if torch._C._are_functorch_transforms_active():
         from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
         names = sorted({str(i.key()).rsplit(".", 1)[-1].lower() for i in retrieve_all_functorch_interpreters()})
-        what = f"torch.func transforms ({', '.join(names)}: grad, vjp, jacrev, jvp, jacfwd, hessian and vmap alike)"
+        what = f"torch.func transforms (active here: {', '.join(names)})"
     elif forward_mode_active([t if isinstance(t, torch.Tensor) else None for t in tensors]):
         what = "forward-mode AD (torch.autograd.forward_ad dual tensors)"
     else:
         return None
-    return (f"{_UNSUPPORTED}{fn} across ranks under {what}: its exchanges between ranks have no batching or "
+    return (f"{fn} {_UNSUPPORTED} {what} across ranks: its exchanges between ranks have no batching or "
             f"forward-mode rule, so the result would not be exact. Take gradients with loss.backward() or "
             f"torch.autograd.grad (exact), or call attention_core.scaled_dot_product_attention on the whole sequence "
             f"inside the transform")
