@@ -11,7 +11,9 @@ row max only: O(N) memory; it works under torch.func (grad, vmap, jacrev) and fo
 hessian, torch.autograd.forward_ad: a tiled rule given O and L, tangents.py).
 A backward run with grad mode on (create_graph=True, torch.func.grad) takes a differentiable recompute instead
 (plain torch ops; it keeps the full score matrix for the graph, O(Lq * Lk) memory); first-order backward never
-does.
+does. Dynamo cannot trace a Function that defines jvp, so a call that torch.compile traces under forward-mode AD
+(tangents.forward_mode_possible) is plain_attention, the same plain torch ops (O(Lq * Lk) memory); calls it does
+not trace (other backends inside torch.func, dual tensors as inputs) run eagerly with the tiled rule.
 """
 
 import re

@@ -34,6 +34,13 @@ half way: the failing rank keeps passing its blocks until every posted send and 
 more small all_gather tells every rank; the failing rank re-raises its own exception, the others a RuntimeError
 naming it. The process group stays usable for the next call. Every collective runs under the process group's
 timeout (init_process_group(timeout=...)), so a rank that never calls makes the others raise instead of hanging.
+
+Zero query heads give torch's empty result (out [B, 0, N/P, Ev], lse [B, 0, N/P], zero gradients) with no exchange
+after the agreement. Across ranks (P > 1) torch.func transforms (grad, vmap, jvp, jacrev, hessian, ...) and
+forward-mode AD dual tensors are refused in the agreement: a NotImplementedError on every rank, naming the function
+and the transform (the exchanges have no batching or forward-mode rule; loss.backward() is exact); with P = 1 the
+call is the engine's own and every transform works. torch.compile runs both functions eagerly, outside the graph
+(torch.compiler.disable: a graph break; fullgraph=True raises, naming the function).
 """
 from __future__ import annotations
 
