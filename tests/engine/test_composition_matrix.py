@@ -224,36 +224,57 @@ def worker(rank, init, out_path):
 # test side
 
 
-@pytest.fixture(scope="module")
-def matrix(tmp_path_factory):
-    """{(setup, mode, transform): result} of every cell; the gloo world runs while this process does the local
-    cells."""
-    tmp = tmp_path_factory.mktemp("composition")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
-    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", str(r), "file://" +
-                               str(tmp / "rendezvous"), str(tmp / f"rank{r}.pkl")], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(WORLD)]
-    try:
-        results = {(s, m, t): run_local(s, m, t) for s in LOCAL for m in MODES for t in TRANSFORMS}
-        logs = [p.communicate(timeout=300)[0].decode(errors="replace") for p in procs]
-    finally:
-        for p in procs:
+class Matrix:
+    """The cells, each computed when first asked for: a local cell in this process (so that coverage, and with it
+    tools/mutate.py, sees which test runs which line), the distributed ones by the gloo world, which starts with the
+    first cell and runs alongside the local ones."""
+
+    def __init__(self, tmp):
+        self.tmp, self.cells = tmp, {}
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
+        self.procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", str(r), "file://" +
+                                        str(tmp / "rendezvous"), str(tmp / f"rank{r}.pkl")], env=env,
+                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(WORLD)]
+
+    def __getitem__(self, key):
+        if key not in self.cells:
+            if key[0] in LOCAL:
+                self.cells[key] = run_local(*key)
+            else:
+                self._collect_world()
+        return self.cells[key]
+
+    def _collect_world(self):
+        try:
+            logs = [p.communicate(timeout=300)[0].decode(errors="replace") for p in self.procs]
+        finally:
+            self.close()
+        for r, p in enumerate(self.procs):
+            assert p.returncode == 0, f"rank {r} of the gloo world failed:\n{logs[r][-4000:]}"
+        ranks = []
+        for r in range(WORLD):
+            with open(self.tmp / f"rank{r}.pkl", "rb") as f:
+                ranks.append(pickle.load(f))
+        for key in ranks[0]:
+            if len(key) == 3:  # every rank must agree on the cell; rank 0's result stands for all
+                outcomes = {rk[key]["outcome"] for rk in ranks}
+                self.cells[key] = dict(ranks[0][key], outcome=outcomes.pop() if len(outcomes) == 1 else
+                                       f"ranks differ: {[rk[key] for rk in ranks]}")
+            else:
+                self.cells[key] = max(rk[key] for rk in ranks)
+
+    def close(self):
+        for p in self.procs:
             if p.poll() is None:
                 p.kill()
-    for r, p in enumerate(procs):
-        assert p.returncode == 0, f"rank {r} failed:\n{logs[r][-4000:]}"
-    ranks = []
-    for r in range(WORLD):
-        with open(tmp / f"rank{r}.pkl", "rb") as f:
-            ranks.append(pickle.load(f))
-    for key in ranks[0]:
-        if len(key) == 3:  # every rank must agree on the cell; rank 0's result stands for both
-            outcomes = {rk[key]["outcome"] for rk in ranks}
-            results[key] = dict(ranks[0][key], outcome=outcomes.pop() if len(outcomes) == 1 else
-                                f"ranks differ: {[rk[key] for rk in ranks]}")
-        else:
-            results[key] = max(rk[key] for rk in ranks)
-    return results
+                p.wait()
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory):
+    m = Matrix(tmp_path_factory.mktemp("composition"))
+    yield m
+    m.close()
 
 
 CELLS = [(s, m, t) for s in SETUPS for m in MODES for t in TRANSFORMS]
