@@ -11,7 +11,9 @@ row max only: O(N) memory; it works under torch.func (grad, vmap, jacrev) and fo
 hessian, torch.autograd.forward_ad: a tiled rule given O and L, tangents.py).
 A backward run with grad mode on (create_graph=True, torch.func.grad) takes a differentiable recompute instead
 (plain torch ops; it keeps the full score matrix for the graph, O(Lq * Lk) memory); first-order backward never
-does.
+does. Dynamo cannot trace a Function that defines jvp, so a call that torch.compile traces under forward-mode AD
+(tangents.forward_mode_possible) is plain_attention, the same plain torch ops (O(Lq * Lk) memory); calls it does
+not trace (other backends inside torch.func, dual tensors as inputs) run eagerly with the tiled rule.
 """
 
 import re
@@ -23,7 +25,7 @@ from torch import Tensor
 from .numerics import dropout_keep, stats_dtype
 from .ops import backward_canonical, forward_canonical
 from .problem import AttentionProblem
-from .tangents import attention_jvp, forward_mode_active
+from .tangents import attention_jvp, forward_mode_active, forward_mode_possible
 
 
 
@@ -119,14 +121,17 @@ class TiledAttentionForwardAD(TiledAttention):
     def setup_context(ctx, inputs, output):
         TiledAttention.setup_context(ctx, inputs, output)
         q5, k4, v4, mask5, seed, *_ = inputs
-        out5, lse, _rowmax = output
-        ctx.save_for_forward(q5, k4, v4, mask5, seed, out5, lse)
+        out5, lse, rowmax = output
+        # the same tensors as save_for_backward, in the same order: under vmap (jacfwd, jacrev(jacfwd)) torch.func
+        # records ONE list of batch dims for the saved tensors, that of the last save_for_* call, and applies it to
+        # both lists; a shorter forward list made the backward of jacrev(jacfwd(f)) crash ("flat_bdims")
+        ctx.save_for_forward(q5, k4, v4, mask5, seed, out5, lse, rowmax)
 
     @staticmethod
     def jvp(ctx, dq5, dk4, dv4, dmask5, _dseed, *_dconfig):
         """Forward mode (torch.autograd.forward_ad, torch.func.jvp / jacfwd): tangents of (O5, L), tiled
         (tangents.py); the row max gets a zero tangent (it only steers flush-to-zero)."""
-        q5, k4, v4, mask5, seed, out5, lse = ctx.saved_tensors
+        q5, k4, v4, mask5, seed, out5, lse, _rowmax = ctx.saved_tensors
         causal, causal_offset, scale, dropout_p, _tier, block_q, block_kv, *_ = ctx.config
         if mask5 is None or mask5.dtype == torch.bool:
             dmask5 = None
@@ -137,7 +142,13 @@ class TiledAttentionForwardAD(TiledAttention):
 
 def tiled_attention(q5, k4, v4, mask5, seed, *config, need_lse: bool = True):
     """(O5, L): the differentiable engine call in the canonical layout (config as tiled_attention::fwd, less
-    need_stats). Without grads and need_lse=False, L is not computed (an empty tensor)."""
+    need_stats). Without grads and need_lse=False, L is not computed (an empty tensor). While torch.compile traces
+    under forward-mode AD (a torch.func jvp transform around the compiled code, or an open forward_ad dual level)
+    the call is traced as plain_attention: dynamo cannot trace the autograd.Function's forward-mode rule, and the
+    custom op alone would carry no tangent."""
+    if torch.compiler.is_compiling() and forward_mode_possible():
+        causal, causal_offset, scale, dropout_p = config[:4]
+        return plain_attention(q5, k4, v4, mask5, seed, causal, causal_offset, scale, dropout_p)
     if forward_mode_active((q5, k4, v4, mask5)):
         out5, lse, _ = TiledAttentionForwardAD.apply(q5, k4, v4, mask5, seed, *config)
     elif torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q5, k4, v4, mask5)):
@@ -176,8 +187,28 @@ def differentiable_backward(dout5, dlse, q5, k4, v4, mask5, seed, causal, causal
     return dq.to(q5.dtype), dk.to(k4.dtype), dv.to(v4.dtype), dm
 
 
+def plain_attention(q5, k4, v4, mask5, seed, causal, causal_offset, scale, dropout_p):
+    """(O5, L) of the whole problem in plain differentiable torch ops, out of place: forward-mode AD, reverse mode
+    and torch.compile all see through it. It holds the full score matrix (O(Lq * Lk) memory). The same results
+    as tiled_attention (dropout bits included; no flush-to-zero), computed in the statistics dtype."""
+    st = stats_dtype(q5.dtype)
+    q, k, v = q5.to(st), k4.to(st).unsqueeze(2), v4.to(st).unsqueeze(2)  # k, v broadcast over the G heads
+    prob, m, l = _softmax_parts(q, k, mask5, causal, causal_offset, scale)
+    keep = _keep_scale(q5, k4, seed, dropout_p)
+    out = torch.matmul(prob if keep is None else prob * keep, v)
+    empty = l == 0  # rows with no visible key: L = -inf (and O = 0, from P = 0)
+    lse = m + torch.log(torch.where(empty, torch.ones_like(l), l))
+    lse = torch.where(empty, torch.full_like(l, float("-inf")), lse)
+    return out.to(q5.dtype), lse.squeeze(-1)
+
+
 def _probabilities(q, k, mask5, causal, causal_offset, scale):
     """P (B, H, G, Lq, Lk) in differentiable ops; rows with no visible key: P = 0."""
+    return _softmax_parts(q, k, mask5, causal, causal_offset, scale)[0]
+
+
+def _softmax_parts(q, k, mask5, causal, causal_offset, scale):
+    """(P, row max m (0 on rows with no visible key, not differentiated), row sum l of exp(s - m)), keepdim."""
     s = torch.matmul(q * scale, k.transpose(-1, -2))
     Lq, Lk = s.shape[-2], s.shape[-1]
     if mask5 is not None:
@@ -189,21 +220,22 @@ def _probabilities(q, k, mask5, causal, causal_offset, scale):
     m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
     e = torch.exp(s - m)
     l = e.sum(-1, keepdim=True)
-    return e / torch.where(l == 0, torch.ones_like(l), l)
+    return e / torch.where(l == 0, torch.ones_like(l), l), m, l
 
 
 def _keep_scale(q5, k4, seed, dropout_p):
-    """keep bits / (1 - p) of the whole problem (as the tiles draw them), or None without dropout."""
+    """keep bits / (1 - p) of the whole problem (as the tiles draw them), or None without dropout. The seed stays
+    a tensor (no .item()), so torch.compile traces this without a graph break."""
     if dropout_p <= 0:
         return None
     if dropout_p >= 1:
         return torch.zeros((), dtype=stats_dtype(q5.dtype), device=q5.device)
     p = AttentionProblem(q5=q5, k4=k4, v4=k4, mask5=None, causal=False, scale=1.0, dropout_p=dropout_p,
-                         dropout_seed=int(seed.item()) if seed is not None else 0, out_shape=(), squeeze_2d=False)
+                         dropout_seed=0, out_shape=(), squeeze_2d=False)
     Lq, Lk = q5.shape[3], k4.shape[2]
     rows = torch.arange(Lq, device=q5.device, dtype=torch.int64).view(-1, 1)
     cols = torch.arange(Lk, device=q5.device, dtype=torch.int64).view(1, -1)
-    keep = dropout_keep(p.dropout_seed, dropout_p, p.head_index(), rows, cols, Lq, Lk)
+    keep = dropout_keep(seed if seed is not None else 0, dropout_p, p.head_index(), rows, cols, Lq, Lk)
     return keep.to(stats_dtype(q5.dtype)) / (1.0 - dropout_p)
 
 

@@ -5,6 +5,11 @@ GQA, the key/value heads they use), computes them with the engine, and the outpu
 device. Transfers are O(N*H*D) (q, k, v there, out back) against O(N^2*H*D) attention work. Devices run
 concurrently: one thread per device, each on its device's own stream. The copies are autograd-differentiable, so backward
 runs each group's recompute backward on its device and sends the gradients back.
+
+Under torch.func transforms (grad, vmap, jvp, jacrev, ...), forward-mode AD (dual tensors) and torch.compile the
+groups run one after the other in the calling thread instead: the transforms' state, the dual tensors' tangents and
+dynamo's tracing belong to that thread, and worker threads would silently compute without them (zero gradients and
+tangents). The result is the same, exactly; only the devices no longer overlap.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import torch
 
 from .autocast import autocast_inputs
 from .sdpa import scaled_dot_product_attention
+from .tangents import forward_mode_active
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +69,16 @@ def _mask_for(mask, group: HeadGroup, q_heads: int):
     return mask
 
 
+def _attend(group, q, k, v, mask, args, engine_kwargs):
+    """This group's heads copied to its device (differentiable copies) and attended there."""
+    dev = group.device
+    qg = q[..., group.q_heads, :, :].to(dev, non_blocking=True)
+    kg = k[..., group.kv_heads, :, :].to(dev, non_blocking=True)
+    vg = v[..., group.kv_heads, :, :].to(dev, non_blocking=True)
+    mg = mask.to(dev, non_blocking=True) if mask is not None else None
+    return scaled_dot_product_attention(qg, kg, vg, mg, *args, **engine_kwargs)
+
+
 def _run_group(group, q, k, v, mask, args, engine_kwargs, grad_enabled, inference, measure, results, i):
     """In a worker thread: copy this group's heads to its device, attend there (on that device's current stream,
     so devices run concurrently and the caching allocator sees one stream per tensor). With `measure`, wait for the
@@ -73,16 +89,30 @@ def _run_group(group, q, k, v, mask, args, engine_kwargs, grad_enabled, inferenc
             (torch.cuda.device(dev) if cuda else contextlib.nullcontext()):
         if cuda and measure:
             torch.cuda.reset_peak_memory_stats(dev)
-        qg = q[..., group.q_heads, :, :].to(dev, non_blocking=True)
-        kg = k[..., group.kv_heads, :, :].to(dev, non_blocking=True)
-        vg = v[..., group.kv_heads, :, :].to(dev, non_blocking=True)
-        mg = mask.to(dev, non_blocking=True) if mask is not None else None
-        out = scaled_dot_product_attention(qg, kg, vg, mg, *args, **engine_kwargs)
+        out = _attend(group, q, k, v, mask, args, engine_kwargs)
         peak = None
         if cuda and measure:
             torch.cuda.synchronize(dev)
             peak = torch.cuda.max_memory_allocated(dev)
     results[i] = (out, peak, threading.get_ident())
+
+
+def in_calling_thread_only(tensors) -> bool:
+    """Whether the head groups must run in the calling thread: under a torch.func transform, with forward-mode AD
+    dual tensors among `tensors` (None allowed), or while torch.compile traces. That state is the calling thread's
+    and worker threads would compute without it."""
+    if torch.compiler.is_compiling():
+        return True
+    if torch._C._are_functorch_transforms_active():
+        return True
+    return forward_mode_active([t if isinstance(t, torch.Tensor) else None for t in tensors])
+
+
+def _join(outs, device, return_lse: bool):
+    """The groups' results on `device`, heads concatenated (with return_lse, lse [..., H, Lq] joins on dim -2)."""
+    if return_lse:
+        return (torch.cat([o[0].to(device) for o in outs], dim=-3), torch.cat([o[1].to(device) for o in outs], dim=-2))
+    return torch.cat([o.to(device) for o in outs], dim=-3)
 
 
 def scaled_dot_product_attention_on_devices(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
@@ -104,6 +134,16 @@ def scaled_dot_product_attention_on_devices(query, key, value, attn_mask=None, d
     args = (dropout_p, is_causal, scale, enable_gqa)
     if len(groups) == 1 and groups[0].device == query.device:
         return scaled_dot_product_attention(query, key, value, attn_mask, *args, **engine_kwargs)
+    if in_calling_thread_only((query, key, value, attn_mask)):  # see the module docstring
+        if torch.compiler.is_compiling():  # traced: no logging, no device switch (tensors carry their device)
+            return _join([_attend(g, query, key, value, _mask_for(attn_mask, g, H), args, engine_kwargs)
+                          for g in groups], query.device, bool(engine_kwargs.get("return_lse")))
+        results = []
+        for g in groups:
+            with torch.cuda.device(g.device) if g.device.type == "cuda" else contextlib.nullcontext():
+                out = _attend(g, query, key, value, _mask_for(attn_mask, g, H), args, engine_kwargs)
+            results.append((out, None, threading.get_ident()))
+        return _joined_and_logged(results, groups, query, key, value, engine_kwargs, log_level)
     results = [None] * len(groups)
     grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
     measure = log.isEnabledFor(log_level)
@@ -127,12 +167,13 @@ def scaled_dot_product_attention_on_devices(query, key, value, attn_mask=None, d
     for e in errors:
         if e is not None:
             raise e  # a device's error (out of memory: the engine's message) is raised here
-    if engine_kwargs.get("return_lse"):  # (out, lse) from each device: lse [..., H, Lq] joins on dim -2
-        out = (torch.cat([r[0][0].to(query.device) for r in results], dim=-3),
-               torch.cat([r[0][1].to(query.device) for r in results], dim=-2))
-    else:
-        out = torch.cat([r[0].to(query.device) for r in results], dim=-3)
-    if measure:
+    return _joined_and_logged(results, groups, query, key, value, engine_kwargs, log_level)
+
+
+def _joined_and_logged(results, groups, query, key, value, engine_kwargs, log_level):
+    """The joined result of the groups' (out, peak or None, thread id); the split logged at log_level."""
+    out = _join([r[0] for r in results], query.device, bool(engine_kwargs.get("return_lse")))
+    if log.isEnabledFor(log_level):
         inputs = lambda g: sum(t[..., s, :, :].numel() * t.element_size()  # noqa: E731
                                for t, s in ((query, g.q_heads), (key, g.kv_heads), (value, g.kv_heads)))
         log.log(log_level, "attention on %d devices, %s: %s", len(groups), tuple(query.shape), "; ".join(

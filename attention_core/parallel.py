@@ -34,6 +34,13 @@ half way: the failing rank keeps passing its blocks until every posted send and 
 more small all_gather tells every rank; the failing rank re-raises its own exception, the others a RuntimeError
 naming it. The process group stays usable for the next call. Every collective runs under the process group's
 timeout (init_process_group(timeout=...)), so a rank that never calls makes the others raise instead of hanging.
+
+Zero query heads give torch's empty result (out [B, 0, N/P, Ev], lse [B, 0, N/P], zero gradients) with no exchange
+after the agreement. Across ranks (P > 1) torch.func transforms (grad, vmap, jvp, jacrev, hessian, ...) and
+forward-mode AD dual tensors are refused in the agreement: a NotImplementedError on every rank, naming the function
+and the transform (the exchanges have no batching or forward-mode rule; loss.backward() is exact); with P = 1 the
+call is the engine's own and every transform works. torch.compile runs both functions eagerly, outside the graph
+(torch.compiler.disable: a graph break; fullgraph=True raises, naming the function).
 """
 from __future__ import annotations
 
@@ -48,6 +55,7 @@ from .autocast import autocast_inputs
 from .ops import TILE_OPTIONS, attention_backward, attention_forward, backward_canonical, check_options
 from .problem import normalize
 from .sdpa import scaled_dot_product_attention
+from .tangents import forward_mode_active
 
 __all__ = ["ulysses_attention", "ring_attention", "zigzag_chunks", "flash_layout_attention"]
 
@@ -150,8 +158,9 @@ def _agree(fn: str, group, q, k, v, mask, flags: Sequence[float], local_error: O
         same = all(texts[i] == texts[bad[0]] for i in bad)
         detail = (f"rank {bad[0]}: {texts[bad[0]]}" if len(bad) == 1 else f"every one of them: {texts[bad[0]]}"
                   if same else "; ".join(f"rank {i}: {texts[i]}" for i in bad))
-        raise ValueError(f"{fn} (rank {rank} of {world}): rank(s) {bad} rejected the call, so every rank stops here "
-                         f"before anything is sent; {detail}")
+        kind = NotImplementedError if all(texts[i].startswith(f"{fn} {_UNSUPPORTED}") for i in bad) else ValueError
+        raise kind(f"{fn} (rank {rank} of {world}): rank(s) {bad} rejected the call, so every rank stops here "
+                   f"before anything is sent; {detail}")
     differ = [i for i in range(world) if not torch.equal(rows[i], rows[0])]
     if differ:
         def shapes(i):
@@ -352,6 +361,17 @@ class _MoveChunks(torch.autograd.Function):
         return _move_chunks(g.contiguous(), after, before, rank, group), None, None, None, None
 
 
+def _no_heads(q, k, v, mask, return_lse):
+    """torch's result for zero query heads: out [B, 0, N/P, Ev] (and lse [B, 0, N/P]), empty, differentiable with
+    zero gradients for q, k, v and a floating mask (as torch's SDPA gives)."""
+    B, _, n, _ = q.shape
+    link = sum(t.sum() for t in (q, k, v, mask) if isinstance(t, torch.Tensor) and t.is_floating_point())
+    out = q.new_zeros((B, 0, n, v.shape[-1])) + 0 * link
+    if not return_lse:
+        return out
+    return out, torch.zeros((B, 0, n), dtype=_acc_dtype(q.dtype), device=q.device) + 0 * link
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Ulysses
 
@@ -359,7 +379,8 @@ class _MoveChunks(torch.autograd.Function):
 def _agreed(fn, group, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, engine_kwargs, return_lse):
     """(rank, P, q, k, v) once every rank has agreed on the inputs and engine options (under autocast: cast as
     torch's SDPA does). Nothing is sent before this, so an error here leaves the group as it was."""
-    err = _local_problems(q, k, v, attn_mask, is_causal, dropout_p) or _engine_problems(engine_kwargs)
+    err = _composition_problems(fn, group, (q, k, v, attn_mask))  # first: under vmap the shapes are per sample
+    err = err or _local_problems(q, k, v, attn_mask, is_causal, dropout_p) or _engine_problems(engine_kwargs)
     if err is None and not isinstance(return_lse, bool):
         err = f"return_lse must be True or False, got {return_lse!r}"
     if err is None:
@@ -371,9 +392,32 @@ def _agreed(fn, group, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_g
         if not enable_gqa:
             err = (f"q has {q.shape[1]} heads but k/v have {k.shape[1]}: pass enable_gqa=True for grouped-query "
                    f"attention (as torch's SDPA requires)")
-        elif q.shape[1] % k.shape[1]:
+        elif k.shape[1] == 0 or q.shape[1] % k.shape[1]:
             err = f"GQA needs q heads ({q.shape[1]}) divisible by k/v heads ({k.shape[1]})"
     return (*_agree(fn, group, q, k, v, attn_mask, flags, err), q, k, v)
+
+
+_UNSUPPORTED = "does not support"  # "<fn> does not support ...": a refused composition (NotImplementedError)
+
+
+def _composition_problems(fn, group, tensors) -> Optional[str]:
+    """Why this rank cannot take part exactly in a call across ranks (P > 1): a torch.func transform around the
+    call or forward-mode AD dual tensors among its inputs. The exchanges between ranks have neither batching nor
+    forward-mode rules. None when it can (and always with one rank: that call is the engine's own)."""
+    if dist.get_world_size(group) == 1:
+        return None
+    if torch._C._are_functorch_transforms_active():
+        from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+        names = sorted({str(i.key()).rsplit(".", 1)[-1].lower() for i in retrieve_all_functorch_interpreters()})
+        what = f"torch.func transforms (active here: {', '.join(names)})"
+    elif forward_mode_active([t if isinstance(t, torch.Tensor) else None for t in tensors]):
+        what = "forward-mode AD (torch.autograd.forward_ad dual tensors)"
+    else:
+        return None
+    return (f"{fn} {_UNSUPPORTED} {what} across ranks: its exchanges between ranks have no batching or "
+            f"forward-mode rule, so the result would not be exact. Take gradients with loss.backward() or "
+            f"torch.autograd.grad (exact), or call attention_core.scaled_dot_product_attention on the whole sequence "
+            f"inside the transform")
 
 
 class _GatherRows(torch.autograd.Function):
@@ -443,6 +487,20 @@ class _UlyssesCall:
                                             return_lse=return_lse, **self.engine_kwargs)
 
 
+def _not_traced(fn):
+    """fn run eagerly under torch.compile, outside the graph: the exchanges between ranks (the agreement's
+    all_gather, the all-to-alls and the ring's sends, each waited on in Python) cannot be traced. A graph break in
+    torch.compile's default mode; under fullgraph=True torch.compile raises, naming fn and this reason."""
+    reason = (f"attention_core.parallel.{fn.__name__} exchanges tensors between ranks (torch.distributed calls "
+              f"waited on in Python), which torch.compile cannot trace: it runs eagerly, outside the graph; "
+              f"use fullgraph=False")
+    try:
+        return torch.compiler.disable(fn, reason=reason)
+    except TypeError:  # torch < 2.7: no reason
+        return torch.compiler.disable(fn)
+
+
+@_not_traced
 def ulysses_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, *,
                       group=None, return_lse=False, **engine_kwargs):
     """This rank's slice of full attention over a sequence sharded across `group` (see the module docstring):
@@ -453,6 +511,8 @@ def ulysses_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, s
                                engine_kwargs, return_lse)
     B, H, n, _ = q.shape
     Hkv = k.shape[1]
+    if H == 0:  # every rank agreed on no heads: torch's empty result, nothing to exchange
+        return _no_heads(q, k, v, attn_mask, return_lse)
     if H % P:
         raise ValueError(f"{fn}: {H} query heads do not split over {P} ranks; Ulysses needs the head count "
                          f"divisible by the number of ranks (use ring_attention, or a group of a size dividing {H})")
@@ -629,6 +689,7 @@ class _RingAttention(torch.autograd.Function):
         return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), dm, None
 
 
+@_not_traced
 def ring_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, *,
                    group=None, return_lse=False, **engine_kwargs):
     """This rank's slice of full attention over a sequence sharded across `group` (see the module docstring):
@@ -642,6 +703,8 @@ def ring_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scal
                                   f"need one dropout pattern across ranks); use ulysses_attention for dropout.")
     B, H, n, E = q.shape
     mask = _mask4(attn_mask, B, H, n, n * P, fn)
+    if H == 0:  # every rank agreed on no heads: torch's empty result, nothing to exchange
+        return _no_heads(q, k, v, mask, return_lse)
     scale = 1.0 / math.sqrt(E) if scale is None else float(scale)
     if P == 1:
         return scaled_dot_product_attention(q, k, v, mask, 0.0, is_causal, scale, enable_gqa, return_lse=return_lse,

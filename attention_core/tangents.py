@@ -25,17 +25,39 @@ DEFAULT_BLOCK_KV = 512
 
 def forward_mode_active(tensors) -> bool:
     """True when forward-mode AD sees these tensors: a torch.func.jvp / jacfwd / hessian transform is active, or
-    one of them is a dual tensor of torch.autograd.forward_ad. False while torch.compile traces."""
+    one of them is a dual tensor of torch.autograd.forward_ad. While torch.compile traces (this function may be
+    traced as a frame of its own, called from code that runs eagerly inside a compiled region) the answer is
+    forward_mode_possible(): the traced tensors cannot tell whether they carry a tangent."""
     if torch.compiler.is_compiling():
-        return False
-    if torch._C._are_functorch_transforms_active():
-        from torch._C._functorch import TransformType
-        from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
-        if any(i.key() == TransformType.Jvp for i in retrieve_all_functorch_interpreters()):
-            return True
+        return forward_mode_possible()
+    if _jvp_transform_active():
+        return True
     if fwAD._current_level < 0:
         return False
     return any(t is not None and fwAD.unpack_dual(t).tangent is not None for t in tensors)
+
+
+def forward_mode_possible() -> bool:
+    """For code that torch.compile traces: True when forward-mode AD may see the call, i.e. a torch.func jvp /
+    jacfwd / hessian transform is active or a torch.autograd.forward_ad dual level is open. The traced graph cannot
+    carry a tangent (dynamo drops it, or breaks the graph after the branch is taken), so such a call must run
+    eagerly. Answered once per trace: dynamo guards the functorch transform stack and the module global
+    forward_ad._current_level read here, so a change of either retraces."""
+    return fwAD._current_level >= 0 or _jvp_transform_active()
+
+
+def _jvp_transform_active() -> bool:
+    """Whether a torch.func forward-mode (Jvp) transform is on functorch's stack (jvp, jacfwd, hessian)."""
+    if not torch._C._are_functorch_transforms_active():
+        return False
+    from torch._C._functorch import TransformType
+    from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+    return any(i.key() == TransformType.Jvp for i in retrieve_all_functorch_interpreters())
+
+
+# dynamo evaluates it while tracing, as a constant (it reads functorch's C++ interpreter stack, which dynamo cannot
+# trace); the FUNCTORCH_STACK_MATCH guard dynamo installs whenever a transform is active makes a new stack retrace
+_jvp_transform_active = torch.compiler.assume_constant_result(_jvp_transform_active)
 
 
 def attention_jvp(q5, k4, v4, mask5, seed: Optional[torch.Tensor], out5, lse, dq5, dk4, dv4, dmask5, causal: bool,

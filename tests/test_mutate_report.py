@@ -93,15 +93,16 @@ def test_an_equivalent_entry_covers_only_the_line_it_names():
     assert mutate.equivalent_reason(fwd) and mutate.equivalent_reason(bwd)
 
 
-def test_zero_heads_ulysses_mutants_of_the_head_group_are_not_listed_equivalent():
-    """`g = H // Hkv` as *, ** or << gives a number with zero kv heads where // raises: not equivalent (the Ulysses
-    zero-heads tests judge them). / and % raise as // does, and stay listed."""
+def test_the_head_group_mutants_of_ulysses_are_listed_equivalent_as_no_zero_heads_reach_them():
+    """`g = H // Hkv` as /, %, *, ** or <<: since issue 22.8 zero heads return before this line and zero kv heads
+    are refused by the agreement (test_parallel.py's zero-heads test), so g's every mutant here is a multiple of the
+    kv-copy count whenever // is, and they are listed equivalent; + and - are not."""
     path = "attention_core/parallel.py"
     line = line_of(path, "g = H // Hkv")
-    for op in ("*", "**", "<<"):
-        assert mutate.equivalent_reason(located(path, line, f"    g = H {op} Hkv")) is None
-    for op in ("/", "%"):
+    for op in ("/", "%", "*", "**", "<<"):
         assert mutate.equivalent_reason(located(path, line, f"    g = H {op} Hkv"))
+    for op in ("+", "-"):
+        assert mutate.equivalent_reason(located(path, line, f"    g = H {op} Hkv")) is None
 
 
 def test_stale_entries_are_named(tmp_path, capsys, monkeypatch):

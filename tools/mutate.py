@@ -89,7 +89,9 @@ EVERYWHERE = C + "test_everywhere_inprocess.py"  # the process-wide mode (Tiled 
 SCHEMAS = C + "test_node_schemas.py"  # every node's widgets against the snapshot (seconds)
 NODE_TESTS = [NODES, ROUTING, CLONES, FIT, EVERYWHERE, SCHEMAS, ADAPTER_KILLS]
 BY_FILE = [
-    ("attention_core/autograd.py", GRADS),
+    # the forward-mode Function and plain_attention (what torch.compile traces under forward-mode AD) are tested
+    # by test_forward_ad.py only
+    ("attention_core/autograd.py", GRADS + [E + "test_forward_ad.py"]),
     ("attention_core/tiers/backward.py", GRADS),
     ("attention_core/memory.py", [E + "test_sdpa_memory.py", E + "test_memory_estimates.py", KILLS]),
     ("attention_core/oom.py", [E + "test_sdpa_memory.py", KILLS]),
@@ -236,10 +238,12 @@ EQUIVALENT += [
      "rep = rep if g % rep == 0 else g", "rep = rep if g % rep >= 0 else g",
      "the else is unreachable: P divides H = Hkv * g, so rep = P // gcd(Hkv, P) divides g"),
 ] + [("attention_core/parallel.py::ulysses_attention", "g = H // Hkv", f"g = H {op} Hkv",
-       "g only decides `rep if g % rep == 0 else g`; Ulysses requires P | H and rep divides P, so this g (H / Hkv "
-       "as a float, or H % Hkv = 0 since Hkv divides H) is a multiple of rep whenever the true one is; with zero "
-       "kv heads both raise ZeroDivisionError as // does") for op in ("/", "%")
-    # NOT `*`, `**`, `<<` (listed until issue 22): with zero kv heads they give a number where // raises
+       "g only decides `rep if g % rep == 0 else g`, and only H >= 1 query heads over Hkv >= 1 kv heads with "
+       "Hkv | H reach this line (zero heads return torch's empty result before it, zero kv heads are a ValueError "
+       "of the agreement: issue 22.8). The true g = H / Hkv is a multiple of rep = P // gcd(Hkv, P) (P | H = Hkv "
+       "g), and so is each mutant: H / Hkv as a float, H % Hkv = 0, H * Hkv, H ** Hkv and H << Hkv are multiples "
+       "of H or 0, so the test stays true and rep is the same") for op in ("/", "%", "*", "**", "<<")
+    # `*`, `**`, `<<` were not listed while zero kv heads reached this line (// raised there, they gave a number)
 ] + [("attention_core/parallel.py::ulysses_attention",
       "if Hkv % P:  # fewest kv-head copies so that kv heads split with their query heads",
       f"if Hkv {op} P:  # fewest kv-head copies so that kv heads split with their query heads",

@@ -197,3 +197,96 @@ def test_raw_forward_op_refuses_forward_mode():
         torch.func.jvp(lambda v: attention_forward(q, k, v)[0], (v,), (tangents[2],))
     out, lse = attention_forward(q, k, v)  # plain tensors: unchanged
     close(out, math_sdpa(q, k, v))
+
+
+@pytest.mark.parametrize("name", ["plain", "float_mask", "gqa"])
+def test_jacrev_of_jacfwd_matches_math(name):
+    """Issue 22.3: reverse over forward (jacrev(jacfwd(f))) vmaps the backward of the forward-mode Function; its
+    saved tensors must be one list for jvp and backward (it crashed: "flat_bdims must not be None")."""
+    q, k, v, mask, kw, _ = case(name)
+    q, k, v = q[:1, :2, :3], k[:1, :, :4], v[:1, :, :4]
+    k, v = (k[:, :1], v[:, :1]) if name == "gqa" else (k[:, :2], v[:, :2])
+    if mask is not None:
+        mask = mask[:1, :2, :3, :4]
+    w = rand(*q.shape[:-1], v.shape[-1], seed=40)
+
+    def loss(f):
+        return lambda q, k: (f(q, k, v, mask, **kw) * w).sum()
+    got = torch.func.jacrev(torch.func.jacfwd(loss(lambda *a, **x: sdpa(*a, **x, **TILES)), argnums=(0, 1)))(q, k)
+    want = torch.func.jacrev(torch.func.jacfwd(loss(math_sdpa), argnums=(0, 1)))(q, k)
+    assert want[0].abs().max() > 0.1
+    for a, b in zip(got, want):
+        close(a, b)
+
+
+def compiled_cases():
+    """(id, backend, transform, case name, engine kwargs)."""
+    return [("eager-jvp-float_mask", "eager", "jvp", "float_mask", TILES),
+            ("eager-dual-gqa", "eager", "dual", "gqa", {}),
+            ("eager-hessian-causal_bias", "eager", "hessian", "causal_bias", {}),
+            ("eager-jacfwd-bool_mask", "eager", "jacfwd", "bool_mask", TILES),
+            ("aot_eager-dual-plain", "aot_eager", "dual", "plain", {}),
+            ("aot_eager-jvp-causal", "aot_eager", "jvp", "causal", TILES)]
+
+
+@pytest.mark.parametrize("backend,transform,name,tiles", [c[1:] for c in compiled_cases()],
+                         ids=[c[0] for c in compiled_cases()])
+def test_forward_mode_through_torch_compile(backend, transform, name, tiles):
+    """Issue 22.1: torch.compile in its default mode under forward-mode AD. The tangent was dropped (zeros under
+    torch.func.jvp, None for a dual tensor): forward_mode_active answered False while dynamo traced, so the call took
+    the custom op, which has no forward rule. Now a traced call under forward mode is plain differentiable torch
+    ops (and an untraced one runs eagerly with the tiled rule); attention sits inside the compiled function with
+    work around it, so the graph continues after it."""
+    torch._dynamo.reset()
+    q, k, v, mask, kw, tangents = case(name)
+
+    def body(attention):
+        return lambda q, k, v: attention(q * 1.5, k, v, mask, **kw).sin() * 2
+    f = torch.compile(body(lambda *a, **x: sdpa(*a, **x, **tiles)), backend=backend)
+    ref = body(lambda *a, **x: ref_out(*a, x))
+    if transform == "jvp":
+        got, want = (torch.func.jvp(g, (q, k, v), tuple(tangents))[1] for g in (f, ref))
+    elif transform == "dual":
+        got, want = [], torch.func.jvp(ref, (q, k, v), tuple(tangents))[1]
+        with fwAD.dual_level():
+            got = fwAD.unpack_dual(f(*(fwAD.make_dual(t, dt) for t, dt in zip((q, k, v), tangents)))).tangent
+    elif transform == "jacfwd":
+        q, k, v = (t[:1, :2].clone() for t in (q, k, v))
+        mask = mask[:1] if isinstance(mask, torch.Tensor) else mask
+        got, want = (torch.func.jacfwd(g, argnums=(0, 1))(q, k, v) for g in (f, ref))
+    else:  # (clones: dynamo cannot take a view as a functorch-wrapped input, for torch's own SDPA neither)
+        q, k, v = (t[:1, :1].clone() for t in (q, k, v))
+        got, want = (torch.func.hessian(lambda q: g(q, k, v).sum())(q) for g in (f, ref))
+    for a, b in zip(got if isinstance(got, tuple) else [got], want if isinstance(want, tuple) else [want]):
+        assert b.abs().max() > 0.1
+        close(a, b)
+
+
+def test_compiled_code_traced_without_forward_mode_is_retraced_under_it():
+    """A compiled function first traced for plain calls, then called with dual tensors and under torch.func.jvp:
+    dynamo's guard on forward_ad's dual level (read while tracing) and on functorch's stack make it trace again,
+    and the tangent is exact (not the cached graph's custom op with no forward rule)."""
+    torch._dynamo.reset()
+    q, k, v, mask, kw, tangents = case("causal")
+    f = torch.compile(lambda q, k, v: sdpa(q, k, v, **kw) * 2, backend="eager")
+    close(f(q, k, v), 2 * ref_out(q, k, v, None, kw))
+    _, want = torch.func.jvp(lambda q: 2 * ref_out(q, k, v, None, kw), (q,), (tangents[0],))
+    with fwAD.dual_level():
+        close(fwAD.unpack_dual(f(fwAD.make_dual(q, tangents[0]), k, v)).tangent, want)
+    close(torch.func.jvp(lambda q: f(q, k, v), (q,), (tangents[0],))[1], want)
+
+
+def test_compiled_forward_mode_keeps_the_dropout_bits_and_the_lse():
+    """Traced under forward mode with dropout and return_lse: the plain ops draw the same keep bits as the eager
+    tiled rule (one seed, the same hash), so out, lse and both tangents equal the eager call's."""
+    torch._dynamo.reset()
+    q, k, v, mask, kw, tangents = case("float_mask")
+
+    def f(q, k, v):
+        torch.manual_seed(3)
+        return sdpa(q, k, v, mask, dropout_p=0.4, return_lse=True, **TILES)
+    (out, lse), (d_out, d_lse) = torch.func.jvp(torch.compile(f, backend="eager"), (q, k, v), tuple(tangents))
+    (out_e, lse_e), (d_out_e, d_lse_e) = torch.func.jvp(f, (q, k, v), tuple(tangents))
+    assert d_out_e.abs().max() > 0.1 and (out_e - sdpa(q, k, v, mask)).abs().max() > 0.1  # dropout at work
+    for a, b in ((out, out_e), (lse, lse_e), (d_out, d_out_e), (d_lse, d_lse_e)):
+        close(a, b)

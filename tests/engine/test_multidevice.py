@@ -273,3 +273,69 @@ def test_the_log_line_gives_each_devices_peak_in_mb(caplog, monkeypatch):
     assert caplog.records[0].getMessage() == (
         "attention on 2 devices, (1, 2, 512, 64): cpu: query heads 0-0 (1), 0.4 MB in, peak 2560 MB; "
         "cpu: query heads 1-1 (1), 0.4 MB in, peak 700 MB")
+
+
+def _transformed(transform, f, q, k, v, tangents, w):
+    """transform applied to f(q, k, v): the tensors it gives (a missing forward_ad tangent stays None)."""
+    import torch.autograd.forward_ad as fwAD
+    if transform == "grad":
+        return torch.func.grad(lambda q, k, v: (f(q, k, v) * w).sum(), argnums=(0, 1, 2))(q, k, v)
+    if transform == "jacrev":
+        return torch.func.jacrev(f, argnums=(0, 2))(q, k, v)
+    if transform == "jvp":
+        return torch.func.jvp(f, (q, k, v), tangents)
+    if transform == "vmap":
+        return (torch.func.vmap(f, in_dims=(0, None, None))(torch.stack([q, 2 * q]), k, v),)
+    if transform == "hessian":
+        return (torch.func.hessian(lambda q: (f(q, k, v) * w).sum())(q),)
+    with fwAD.dual_level():  # forward_ad dual tensors
+        out = f(*(fwAD.make_dual(x, t) for x, t in zip((q, k, v), tangents)))
+        primal, tangent = fwAD.unpack_dual(out)
+        return primal.clone(), None if tangent is None else tangent.clone()
+
+
+@pytest.mark.parametrize("transform", ["grad", "jacrev", "jvp", "vmap", "hessian", "forward_ad"])
+def test_split_under_torch_func_and_forward_ad_is_exact(transform):
+    """Issue 22.2: functorch's transform state and the dual tensors' level belong to the calling thread, so in the
+    device threads grad, jacrev and jvp came out 0 and vmap raised "tensor may have escaped". Under a transform
+    (and with dual tensors) the groups now run in the calling thread: exact against torch's math SDPA, GQA and a
+    per-head mask included."""
+    from reference import math_sdpa
+    g = torch.Generator().manual_seed(22)
+    q, tq, w = (torch.randn(1, 4, 3, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    k, v, tk, tv = (torch.randn(1, 2, 5, 4, generator=g, dtype=torch.float64) for _ in range(4))
+    mask = torch.randn(1, 4, 3, 5, generator=g, dtype=torch.float64)
+
+    def body(attention, **kw):
+        return lambda q, k, v: attention(q, k, v, mask, enable_gqa=True, **kw).sin()
+    got = _transformed(transform, body(on_devices, devices=CPU3), q, k, v, (tq, tk, tv), w)
+    want = _transformed(transform, body(math_sdpa), q, k, v, (tq, tk, tv), w)
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        assert a is not None, f"{transform}: no tangent"
+        assert b.abs().max() > 0.1 and (a - b).abs().max() < 1e-12, transform
+
+
+def test_split_under_a_transform_runs_in_the_calling_thread():
+    """Which thread attends each group: the calling thread under torch.func (and with dual tensors), worker threads
+    otherwise (test_groups_run_in_their_own_threads_and_are_logged)."""
+    import torch.autograd.forward_ad as fwAD
+    seen = []
+    real = multidevice.scaled_dot_product_attention
+
+    def spy(*a, **kw):
+        seen.append(threading.get_ident())
+        return real(*a, **kw)
+    q = torch.randn(1, 3, 4, 4, dtype=torch.float64)
+    multidevice.scaled_dot_product_attention = spy
+    try:
+        torch.func.grad(lambda q: on_devices(q, q, q, devices=CPU3).sum())(q)
+        with fwAD.dual_level():
+            on_devices(fwAD.make_dual(q, torch.ones_like(q)), q, q, devices=CPU3)
+        assert seen == [threading.get_ident()] * 6
+        seen.clear()
+        with fwAD.dual_level():  # a dual level open but no dual tensor: the threads as usual
+            on_devices(q, q, q, devices=CPU3)
+        assert len(seen) == 3 and threading.get_ident() not in seen
+    finally:
+        multidevice.scaled_dot_product_attention = real

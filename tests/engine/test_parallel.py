@@ -288,6 +288,79 @@ def traffic_case(rank, world):
     return res
 
 
+def zero_heads_case(rank, world):
+    """Issue 22.8: zero query heads (and kv heads) give torch's empty result, with and without lse and gradients
+    (Ulysses raised ZeroDivisionError); q heads over zero kv heads is a ValueError on every rank. After them a valid
+    call on the same group is exact."""
+    import torch.nn.functional as F
+    from attention_core import parallel
+    res = {}
+    for algo in ALGOS:
+        fn = getattr(parallel, f"{algo}_attention")
+        for name, (H, Hkv) in {"no_heads": (0, 0), "no_q_heads_gqa": (0, 2), "no_kv_heads_gqa": (4, 0)}.items():
+            q = torch.randn(1, H, 3, 8, dtype=torch.float64, requires_grad=True)
+            k, v = (torch.randn(1, Hkv, 3, 8, dtype=torch.float64, requires_grad=True) for _ in range(2))
+            t0 = time.perf_counter()
+            try:
+                out, lse = fn(q, k, v, is_causal=True, enable_gqa=True, return_lse=True)
+                grads = torch.autograd.grad(out.sum() + lse.sum(), (q, k, v))
+                want = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+                res[(algo, name)] = {"outcome": "ok", "out": (tuple(out.shape), str(out.dtype)),
+                                     "want": (tuple(want.shape), str(want.dtype)), "lse": tuple(lse.shape),
+                                     "grads": [(tuple(g.shape), bool((g == 0).all())) for g in grads],
+                                     "plain": tuple(fn(q, k, v, enable_gqa=True).shape)}
+            except Exception as e:  # noqa: BLE001
+                res[(algo, name)] = {"outcome": type(e).__name__, "message": str(e)}
+            res[(algo, name)]["seconds"] = time.perf_counter() - t0
+        q = rank_slice(rank)
+        res[(algo, "after")] = (fn(q, q, q) - self_attention_rows(world, rank)).abs().max().item()
+    return res
+
+
+def rank_slice(rank):
+    """Rank `rank`'s slice [1, 4, 3, 8] of a sequence whose every rank draws the same seeded tensor plus its rank."""
+    return torch.randn(1, 4, 3, 8, generator=torch.Generator().manual_seed(5), dtype=torch.float64) + rank
+
+
+def self_attention_rows(world, rank):
+    """torch's SDPA of the whole sequence of rank_slice()s (q = k = v), rank `rank`'s rows."""
+    import torch.nn.functional as F
+    full = torch.cat([rank_slice(r) for r in range(world)], dim=2)
+    return F.scaled_dot_product_attention(full, full, full)[:, :, rank * 3:(rank + 1) * 3]
+
+
+def transform_on_one_rank_case(rank, world):
+    """Rank 1 alone calls inside torch.func.grad (the others plainly): every rank raises the same
+    NotImplementedError before anything is sent, naming the function and the transform, and the group works
+    after it. Then every rank under torch.func.jvp: the same, and forward_ad dual tensors on rank 0 alone."""
+    from attention_core import parallel
+    res = {}
+    q = rank_slice(rank)
+    for algo in ALGOS:
+        fn = getattr(parallel, f"{algo}_attention")
+        calls = {
+            "grad_on_rank1": lambda: (torch.func.grad(lambda x: fn(x, q, q).sum())(q) if rank == 1 else fn(q, q, q)),
+            "jvp_everywhere": lambda: torch.func.jvp(lambda x: fn(x, q, q), (q,), (q,)),
+            "dual_on_rank0": lambda: _dual_call(fn, q) if rank == 0 else fn(q, q, q),
+        }
+        for name, call in calls.items():
+            t0 = time.perf_counter()
+            try:
+                call()
+                res[(algo, name)] = {"outcome": "returned"}
+            except Exception as e:  # noqa: BLE001
+                res[(algo, name)] = {"outcome": type(e).__name__, "message": str(e)}
+            res[(algo, name)]["seconds"] = time.perf_counter() - t0
+        res[(algo, "after")] = (fn(q, q, q) - self_attention_rows(world, rank)).abs().max().item()
+    return res
+
+
+def _dual_call(fn, q):
+    import torch.autograd.forward_ad as fwAD
+    with fwAD.dual_level():
+        return fn(fwAD.make_dual(q, torch.ones_like(q)), q, q)
+
+
 def subgroup_case(rank, world):
     """Two sequence-parallel groups side by side in the world, {0, 2} and {1, 3} (as xDiT's sp groups within a
     larger world): each runs its own problem; the ring addresses its neighbours by their global ranks."""
@@ -414,6 +487,8 @@ def worker(rank, world, init, out_dir):
     results[("yunchang", "ulysses")] = yunchang_case(rank, world)
     if not only:
         results[("traffic", "ring")] = traffic_case(rank, world)
+        results[("zero_heads", "both")] = zero_heads_case(rank, world)
+        results[("transform_on_one_rank", "both")] = transform_on_one_rank_case(rank, world)
         if world == 4:
             results[("subgroups", "both")] = subgroup_case(rank, world)
     if not only or "recover" in only:
@@ -672,6 +747,24 @@ def test_one_rank_is_torchs_attention(one_rank, algo):
     assert (fn(q, k, v, is_causal=True, scale=0.2, enable_gqa=True) - ref).abs().max() < 1e-12
 
 
+@pytest.mark.parametrize("algo", ALGOS)
+def test_one_rank_under_torch_func_is_the_engines_own(one_rank, algo):
+    """P = 1 crosses no rank: torch.func transforms and forward-mode AD are the engine's, exact (the refusal is for
+    calls across ranks only)."""
+    from attention_core import parallel
+    from reference import math_sdpa
+    fn = getattr(parallel, f"{algo}_attention")
+    g = torch.Generator().manual_seed(9)
+    q, k, v, t = (torch.randn(1, 2, 5, 4, generator=g, dtype=torch.float64) for _ in range(4))
+    for f in (torch.func.grad, torch.func.jacfwd):
+        got = f(lambda q: fn(q, k, v, is_causal=True).sin().sum())(q)
+        want = f(lambda q: math_sdpa(q, k, v, is_causal=True).sin().sum())(q)
+        assert (got - want).abs().max() < 1e-12
+    got = torch.func.vmap(lambda q: fn(q, k, v))(torch.stack([q, 2 * q]))
+    assert (got - torch.func.vmap(lambda q: math_sdpa(q, k, v))(torch.stack([q, 2 * q]))).abs().max() < 1e-12
+    assert fn(q[:, :0], k[:, :0], v[:, :0]).shape == (1, 0, 5, 4)  # zero heads: torch's empty result
+
+
 def _raised(fn, *args, **kwargs):
     with pytest.raises(Exception) as e:
         fn(*args, **kwargs)
@@ -864,6 +957,55 @@ def test_zigzag_balances_causal_work():
         assert len(set(zig)) == 1 and sum(zig) == (2 * P) ** 2 / 2, zig
         contiguous = [work([r], P, lambda o: [o % P]) for r in range(P)]
         assert contiguous == [r + 0.5 for r in range(P)]  # what the zigzag avoids: rank P-1 does 2P-1 times more
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_zero_heads_give_torchs_empty_result(groups, world):
+    """Issue 22.8 (Ulysses raised ZeroDivisionError): no query heads give torch's empty out [B, 0, N/P, Ev] and lse
+    [B, 0, N/P] with zero (empty) gradients, on every rank, without an exchange; query heads over no kv heads raise
+    the same ValueError on every rank; the group works after both."""
+    runs = groups(world)
+    for rank in range(world):
+        res = runs[rank][("zero_heads", "both")]
+        for algo in ALGOS:
+            where = f"{algo} rank {rank}/{world}"
+            for name in ("no_heads", "no_q_heads_gqa"):
+                r = res[(algo, name)]
+                assert r["outcome"] == "ok", f"{where} {name}: {r}"
+                assert r["out"] == r["want"] == ((1, 0, 3, 8), "torch.float64"), f"{where} {name}: {r}"
+                assert r["lse"] == (1, 0, 3) and r["plain"] == (1, 0, 3, 8), f"{where} {name}: {r}"
+                kv = 0 if name == "no_heads" else 2
+                assert r["grads"] == [((1, 0, 3, 8), True), ((1, kv, 3, 8), True), ((1, kv, 3, 8), True)], r
+                assert r["seconds"] < GROUP_TIMEOUT_S / 2, f"{where} {name}: {r}"
+            r = res[(algo, "no_kv_heads_gqa")]
+            assert r["outcome"] == "ValueError", r
+            assert "GQA needs q heads (4) divisible by k/v heads (0)" in r["message"], r
+            assert res[(algo, "after")] < 1e-12, where
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_torch_func_across_ranks_is_refused_on_every_rank(groups, world):
+    """One rank alone under torch.func.grad, every rank under torch.func.jvp, one rank with dual tensors: every
+    rank raises the same NotImplementedError before anything is sent, naming the function and the transform; the
+    group works after each."""
+    runs = groups(world)
+    for algo in ALGOS:
+        for name, who, what in (
+                ("grad_on_rank1", [1], r"torch\.func transforms \(active here: grad\)"),
+                ("jvp_everywhere", list(range(world)), r"torch\.func transforms \(active here: jvp\)"),
+                ("dual_on_rank0", [0], r"forward-mode AD \(torch\.autograd\.forward_ad dual tensors\)")):
+            messages = set()
+            for rank in range(world):
+                r = runs[rank][("transform_on_one_rank", "both")][(algo, name)]
+                assert r["outcome"] == "NotImplementedError", f"{algo} {name} rank {rank}/{world}: {r}"
+                assert r["seconds"] < GROUP_TIMEOUT_S / 2, r
+                messages.add(re.sub(r"\(rank \d+ of", "(rank r of", r["message"]))
+            assert len(messages) == 1, messages
+            msg = messages.pop()
+            assert re.search(rf"rank\(s\) {re.escape(str(who))} rejected the call.*{algo}_attention does not "
+                             rf"support {what} across ranks", msg), msg
+        for rank in range(world):
+            assert runs[rank][("transform_on_one_rank", "both")][(algo, "after")] < 1e-12
 
 
 @pytest.mark.parametrize("world", WORLDS)
