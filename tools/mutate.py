@@ -104,17 +104,17 @@ BY_FILE = [
     ("nodes/api.py", [NODES, SCHEMAS]),
     ("nodes/attention.py", [NODES, ROUTING, CLONES, ADAPTER_KILLS, SCHEMAS]),  # Patch Attention (MODEL, CLIP, VAE)
     ("nodes/backend_registry.py", [NODES, ROUTING, ADAPTER_KILLS]),
-    ("nodes/clones.py", [CLONES, NODES, ROUTING]),
+    ("nodes/clones.py", [CLONES, NODES, ROUTING, ADAPTER_KILLS]),
     ("nodes/comfy_adapter.py", [NODES, ROUTING, CLONES, EVERYWHERE, COMPILE, ADAPTER_KILLS]),
     ("nodes/comfy_global_route.py", [EVERYWHERE, NODES]),  # ComfyUI's global attention in the process-wide mode
-    ("nodes/connector_route.py", [ROUTING, CLONES, NODES]),  # LTX-2.3's text connectors
+    ("nodes/connector_route.py", [ROUTING, CLONES, NODES, ADAPTER_KILLS]),  # LTX-2.3's text connectors
     ("nodes/everywhere.py", [EVERYWHERE, NODES]),  # the process-wide mode: environment variable, state
     ("nodes/everywhere_node.py", [EVERYWHERE, NODES, SCHEMAS]),  # Tiled Attention Everywhere
     ("nodes/ffn.py", [NODES, CLONES, COMPILE, SCHEMAS]),  # FFN Chunking
     ("nodes/fit.py", [FIT, NODES, SCHEMAS]),  # Attention Fit
-    ("nodes/info.py", [NODES, EVERYWHERE, SCHEMAS]),  # Attention Info, the start line
+    ("nodes/info.py", [NODES, EVERYWHERE, SCHEMAS, ADAPTER_KILLS]),  # Attention Info, the start line
     ("nodes/object_routes.py", [ROUTING, CLONES, NODES]),
-    ("nodes/text_encoder_route.py", [ROUTING, CLONES, NODES]),
+    ("nodes/text_encoder_route.py", [ROUTING, CLONES, NODES, ADAPTER_KILLS]),
     ("nodes/vae_route.py", [ROUTING, CLONES, NODES, EVERYWHERE]),
 ]
 # files whose tests run them in worker processes (torch.distributed groups) that the coverage run does not trace:
@@ -222,6 +222,17 @@ def _empty_guard_equivalents():
 
 EQUIVALENT += _empty_guard_equivalents()
 EQUIVALENT += [
+    ("nodes/fit.py::AttentionFit.execute",
+     'est = plan.estimate(model, width, height, frames, free, 4 if dtype == "fp32" else 2, cpu=device == "cpu",',
+     'est = plan.estimate(model, width, height, frames, free, 4 if dtype >= "fp32" else 2, cpu=device == "cpu",',
+     'dtype is the Combo\'s "fp16", "bf16" or "fp32" (ComfyUI refuses any other value): "fp16" and "bf16" sort '
+     'before "fp32", so `>= "fp32"` is true for "fp32" alone, like `==`'),
+    ("nodes/comfy_adapter.py::run_engine",
+     'if call["attn_precision"] == torch.float32 or (kwargs.get("low_precision_attention") is False',
+     'if call["attn_precision"] == torch.float32 or (kwargs.get("low_precision_attention") == False',
+     "ComfyUI's models pass low_precision_attention only as the literal False (or leave it out: None); for "
+     "False, True and None `== False` and `is False` agree. Only a non-bool (0, numpy.False_) would tell them "
+     "apart, and no caller passes one"),
     ("attention_core/ffn.py::ChunkedFFN._run",
      "if not isinstance(y, torch.Tensor) or y.dim() != x.dim() or y.shape[dim] != size:",
      "if not isinstance(y, torch.Tensor) or y.dim() is not x.dim() or y.shape[dim] != size:",

@@ -1,6 +1,7 @@
 """The ComfyUI adapter's calling conventions, argument by argument (issue 13: tests that kill the mutants of
-nodes/comfy_adapter.py the node tests could not see). The pack is loaded as ComfyUI loads it, in a real ComfyUI;
-every result is compared with torch's SDPA on the same inputs."""
+nodes/comfy_adapter.py the node tests could not see), and the other nodes' mutants the node tests missed (Attention
+Info's hint, the text encoder's fallback, clone callbacks outside ComfyUI, nested text connectors). The pack is loaded
+as ComfyUI loads it, in a real ComfyUI; every attention result is compared with torch's SDPA on the same inputs."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -185,3 +186,85 @@ def test_min_tokens_reads_the_sequence_length_in_both_layouts(adapter):
         fn(None, heads_of(q, 2), heads_of(k, 2), heads_of(k, 2), 2, skip_reshape=True)
         fn(None, q, k, k, 2)
     assert settings.stats == {"engine": 4, "passthrough": 0}
+
+
+def test_the_running_line_is_logged_once_per_patch_not_per_call(adapter, caplog):
+    """The "tiled attention running" info line marks the first engine call of a patch; later calls stay quiet
+    (a sampler makes thousands of attention calls)."""
+    fn = adapter.make_override(adapter.PatchSettings(mode="chunked"))
+    q = torch.randn(1, 4, 8)
+    with caplog.at_level("INFO", logger="tiled_attention"):
+        for _ in range(3):
+            fn(None, q, q, q, 2)
+    assert sum("tiled attention running" in r.getMessage() for r in caplog.records) == 1
+
+
+@pytest.mark.parametrize("vendor, bf16, hint", [("amd", False, True), ("amd", True, False),
+                                                ("nvidia", False, False), ("intel", False, False)])
+def test_attention_info_hints_fp16_weights_only_on_amd_without_bf16(adapter, monkeypatch, vendor, bf16, hint):
+    from tiled_attention_pack.nodes import info
+    from tiled_attention_pack.attention_core.detection import DeviceReport
+    report = DeviceReport(device="cuda:0", name="test GPU", vendor=vendor, arch=None, gfx=None, sm=None,
+                          bf16_hardware=bf16)
+    monkeypatch.setattr(info, "detect", lambda device: report)
+    assert ("bf16: no hardware support" in info.report_text()) is hint
+
+
+def test_text_encoder_fallback_is_comfys_small_input_attention(adapter):
+    """With no attention passed down, the text encoder's calls fall back to ComfyUI's small-input choice (torch
+    SDPA), not its large-input one (sub-quadratic on CPU)."""
+    from comfy.ldm.modules import attention as comfy_attention
+    from tiled_attention_pack.nodes import text_encoder_route
+    seen = []
+    fn = text_encoder_route.engine_attention(lambda fallback, *a, **kw: seen.append(fallback), None)
+    fn(torch.zeros(1, 2, 4))
+    assert seen == [comfy_attention.optimized_attention_for_device(torch.device("cpu"), small_input=True)]
+    assert seen[0] is not comfy_attention.optimized_attention_for_device(torch.device("cpu"), small_input=False)
+
+
+def test_clone_callbacks_are_skipped_outside_comfyui(adapter, monkeypatch):
+    """clones.register does nothing (and does not raise) where comfy.patcher_extension cannot be imported."""
+    import sys
+    from tiled_attention_pack.nodes import clones
+    monkeypatch.setitem(sys.modules, "comfy.patcher_extension", None)  # import now raises ImportError
+
+    class Patcher:
+        def add_callback_with_key(self, *a):
+            raise AssertionError("registered a callback outside ComfyUI")
+    assert clones.register(Patcher()) is None
+
+
+def test_connectors_nested_below_the_top_level_are_found(adapter):
+    """A `*embeddings_connector` anywhere on a module's path (not only the first part) marks its attention."""
+    from tiled_attention_pack.nodes import connector_route
+
+    class Attention(torch.nn.Module):
+        def forward(self, x, context=None, mask=None, transformer_options={}):
+            return x
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn1 = Attention()
+
+    class Connector(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList([Block()])
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.video_embeddings_connector = Connector()
+            self.text = torch.nn.Module()
+            self.text.audio_embeddings_connector = Connector()
+            self.attn = Attention()  # not in a connector
+
+    class Patcher:
+        def get_model_object(self, name):
+            assert name == "diffusion_model"
+            return model
+    model = Model()
+    assert connector_route.connector_attention_modules(Patcher()) == [
+        "diffusion_model.video_embeddings_connector.blocks.0.attn1",
+        "diffusion_model.text.audio_embeddings_connector.blocks.0.attn1"]
