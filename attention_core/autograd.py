@@ -25,7 +25,7 @@ from torch import Tensor
 from .numerics import dropout_keep, stats_dtype
 from .ops import backward_canonical, forward_canonical
 from .problem import AttentionProblem
-from .tangents import attention_jvp, forward_mode_active, forward_mode_possible
+from .tangents import attention_jvp, compiled_transform_needs_plain_ops, forward_mode_active, forward_mode_possible
 
 
 
@@ -146,7 +146,7 @@ def tiled_attention(q5, k4, v4, mask5, seed, *config, need_lse: bool = True):
     under forward-mode AD (a torch.func jvp transform around the compiled code, or an open forward_ad dual level)
     the call is traced as plain_attention: dynamo cannot trace the autograd.Function's forward-mode rule, and the
     custom op alone would carry no tangent."""
-    if torch.compiler.is_compiling() and forward_mode_possible():
+    if torch.compiler.is_compiling() and (forward_mode_possible() or compiled_transform_needs_plain_ops()):
         causal, causal_offset, scale, dropout_p = config[:4]
         return plain_attention(q5, k4, v4, mask5, seed, causal, causal_offset, scale, dropout_p)
     if forward_mode_active((q5, k4, v4, mask5)):

@@ -23,6 +23,9 @@ DEFAULT_BLOCK_Q = 256
 DEFAULT_BLOCK_KV = 512
 
 
+_OLD_COMPILE = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 14)
+
+
 def forward_mode_active(tensors) -> bool:
     """True when forward-mode AD sees these tensors: a torch.func.jvp / jacfwd / hessian transform is active, or
     one of them is a dual tensor of torch.autograd.forward_ad. While torch.compile traces (this function may be
@@ -44,6 +47,22 @@ def forward_mode_possible() -> bool:
     eagerly. Answered once per trace: dynamo guards the functorch transform stack and the module global
     forward_ad._current_level read here, so a change of either retraces."""
     return fwAD._current_level >= 0 or _jvp_transform_active()
+
+
+def _transform_active() -> bool:
+    """Whether any torch.func transform (grad, vmap, jvp, ...) is on functorch's stack."""
+    return bool(torch._C._are_functorch_transforms_active())
+
+
+_transform_active = torch.compiler.assume_constant_result(_transform_active)
+
+
+def compiled_transform_needs_plain_ops() -> bool:
+    """For code that torch.compile traces: True on a torch older than 2.14 when a torch.func transform is active.
+    There dynamo fails inside torch on the engine's autograd.Function and custom ops under grad / vmap (torch 2.5.1:
+    "must override the setup_context staticmethod", an internal assert under vmap), so such calls are traced as
+    plain torch ops. Newer torch traces the Function itself (tests/engine/test_composition_matrix.py on both)."""
+    return _OLD_COMPILE and _transform_active()
 
 
 def _jvp_transform_active() -> bool:

@@ -286,10 +286,31 @@ def matrix(tmp_path_factory):
     m.close()
 
 
+# torch older than 2.14 (measured on 2.5.1, ./dev test-oldest-torch): these cells fail INSIDE torch with an
+# unclear error (dynamo's "view functorch tensors are not supported by meta conversion" under fullgraph jvp /
+# jacfwd, an internal assert for vmap under compile, and Ulysses / ring under torch.func, whose refusal runs after
+# torch 2.5's functorch wrappers reach the collective: "Cannot access data pointer of Tensor that doesn't have
+# storage"). Never a wrong answer: every other cell there is exact or a clear error as on the pinned torch, and
+# these must keep failing loudly (README: Limits).
+OLD_TORCH_UNCLEAR = {
+    **{(s, m, t): "meta conversion" for s in ("one call", "head split", "Ulysses", "ring")
+       for m in ("fullgraph=True",) for t in ("jvp", "jacfwd", "jacrev(jacfwd)")},
+    **{(s, m, "vmap"): "INTERNAL ASSERT" for s, m in (("one call", "compile"), ("one call", "compile, inductor"),
+                                                        ("head split", "compile"))},
+    **{(s, m, t): "doesn't have storage" for s in ("Ulysses", "ring")
+       for m in ("eager", "compile", "compile, eager backend")
+       for t in ("grad", "jvp", "jacfwd", "jacrev", "hessian", "jacrev(jacfwd)")},
+}
+OLD_TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 14)
+
+
 @pytest.mark.parametrize("setup,mode,transform", CELLS, ids=["/".join(c) for c in CELLS])
 def test_cell_is_exact_or_one_clear_error(matrix, setup, mode, transform):
     res = matrix[(setup, mode, transform)]
     where = f"{setup} / {mode} / {transform}"
+    known = OLD_TORCH_UNCLEAR.get((setup, mode, transform)) if OLD_TORCH else None
+    if known and res["outcome"].startswith("unclear error") and known in res["outcome"] + res.get("message", ""):
+        return  # a known failure inside old torch, loud (see OLD_TORCH_UNCLEAR), never a wrong answer
     assert res["outcome"] == "exact" or res["outcome"] in ERRORS, f"{where}: {res}"
     if res["outcome"] in ERRORS and ERRORS[res["outcome"]][2] and setup in LOCAL:
         assert res["torch"] == res["outcome"], (
