@@ -44,6 +44,7 @@ call is the engine's own and every transform works. torch.compile runs both func
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
@@ -143,10 +144,11 @@ def _agree(fn: str, group, q, k, v, mask, flags: Sequence[float], local_error: O
     meta += list(flags)
     meta += [0.0] * (_META - len(meta))
     device = q.device if isinstance(q, torch.Tensor) and dist.get_backend(group) != "gloo" else torch.device("cpu")
-    mine = torch.tensor(meta[:_META], dtype=torch.float64, device=device)
-    table = [torch.empty_like(mine) for _ in range(world)]
     try:
-        dist.all_gather(table, mine, group=group)
+        with _plain_tensors():
+            mine = torch.tensor(meta[:_META], dtype=torch.float64, device=device)
+            table = [torch.empty_like(mine) for _ in range(world)]
+            dist.all_gather(table, mine, group=group)
     except RuntimeError as e:  # a rank that never calls: the process group's timeout ends the wait
         raise RuntimeError(f"{fn} (rank {rank} of {world}): not every rank of the process group joined the call "
                            f"within its timeout (each rank must call {fn} the same number of times, in the same "
@@ -191,8 +193,20 @@ def _comm_device(group, t):
     return t.device if dist.get_backend(group) != "gloo" else torch.device("cpu")
 
 
+def _plain_tensors():
+    """The agreement's small exchanges outside any torch.func transform: they carry no data of the call, and on
+    torch 2.5 functorch's wrappers would reach the collective ("Cannot access data pointer of Tensor that doesn't
+    have storage") before the refusal could be agreed."""
+    return torch._C._DisableFuncTorch() if hasattr(torch._C, "_DisableFuncTorch") else contextlib.nullcontext()
+
+
 def _gather_texts(group, device, text: Optional[str]) -> List[str]:
     """Every rank's text (empty for None), through one all_gather of _MSG bytes per rank."""
+    with _plain_tensors():
+        return _gather_texts_plain(group, device, text)
+
+
+def _gather_texts_plain(group, device, text: Optional[str]) -> List[str]:
     world = dist.get_world_size(group)
     mine = torch.zeros(_MSG, dtype=torch.uint8)
     if text:

@@ -288,18 +288,13 @@ def matrix(tmp_path_factory):
 
 # torch older than 2.14 (measured on 2.5.1, ./dev test-oldest-torch): these cells fail INSIDE torch with an
 # unclear error (dynamo's "view functorch tensors are not supported by meta conversion" under fullgraph jvp /
-# jacfwd, an internal assert for vmap under compile, and Ulysses / ring under torch.func, whose refusal runs after
-# torch 2.5's functorch wrappers reach the collective: "Cannot access data pointer of Tensor that doesn't have
-# storage"). Never a wrong answer: every other cell there is exact or a clear error as on the pinned torch, and
+# jacfwd, an internal assert for vmap under compile). Never a wrong answer: every other cell there is exact or a clear error as on the pinned torch, and
 # these must keep failing loudly (README: Limits).
 OLD_TORCH_UNCLEAR = {
     **{(s, m, t): "meta conversion" for s in ("one call", "head split", "Ulysses", "ring")
        for m in ("fullgraph=True",) for t in ("jvp", "jacfwd", "jacrev(jacfwd)")},
     **{(s, m, "vmap"): "INTERNAL ASSERT" for s, m in (("one call", "compile"), ("one call", "compile, inductor"),
                                                         ("head split", "compile"))},
-    **{(s, m, t): "doesn't have storage" for s in ("Ulysses", "ring")
-       for m in ("eager", "compile", "compile, eager backend")
-       for t in ("grad", "jvp", "jacfwd", "jacrev", "hessian", "jacrev(jacfwd)")},
 }
 OLD_TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 14)
 
