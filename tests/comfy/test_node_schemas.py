@@ -1,5 +1,5 @@
 """The nodes' widget contract, as ComfyUI serves it in /object_info (GET_NODE_INFO_V1 of each V3 node from the
-pack's comfy_entrypoint): every input's type, order, default, range, step and choices, and the outputs, against
+pack's comfy_entrypoint): every input's type, order, default, range, step and choices, and the output types, against
 the snapshot tests/comfy/node_schemas.json. Saved workflows store widget values by position and the front end
 clamps them to these ranges, so a changed default, bound or choice changes what users' graphs run: change the
 snapshot on purpose (`python tests/comfy/test_node_schemas.py --print > tests/comfy/node_schemas.json`, from the
@@ -27,9 +27,10 @@ def contract(info: dict) -> dict:
             if isinstance(kind, list):  # an old-style combo: the choices are the type
                 kind, opts = "COMBO", dict(opts, options=kind)
             inputs[name] = {"group": group, "type": kind, **{k: opts[k] for k in KEYS if k in opts}}
-    return {"category": info["category"], "output_node": info["output_node"],
+    # output types only: ComfyUI 0.3.75 serves neither the outputs' display names nor output_node as 0.33.0 does
+    return {"category": info["category"],
             "input_order": {g: list(v) for g, v in info["input_order"].items() if g != "hidden"},
-            "inputs": inputs, "outputs": list(zip(info["output"], info["output_name"]))}
+            "inputs": inputs, "outputs": list(info["output"])}
 
 
 def node_contracts(pack) -> dict:
