@@ -2,14 +2,17 @@
 
     python -m attention_core.calibrate [--device cpu] [--dtype fp32] [--model wan22-5b] [--comfyui PATH]
 
-Measures on this device and dtype (each the best of a few runs; about half a minute on a quiet 2-core CPU):
+Measures on this device and dtype (about 40 s on a quiet 2-core CPU):
   pack      the engine's attention (tier auto, the pack's recommended setting) at a few token counts
   subquad   ComfyUI's sub-quadratic attention (its default without xformers / pytorch attention), same shapes
   math      torch's math SDPA at the shapes whose score matrix fits comfortably
+            (the three in interleaved rounds, median of ROUNDS: each sees the same machine load, so a load that
+            comes and goes ranks them as a run under it would; see `interleaved`)
   gemm      dense GEMMs at the model's linear-layer shapes (width x width, width x FFN width and FFN width x
             width), at 512 rows (the text side's rows) and 4,096 (a video's: the layers run N tokens x the batch)
   elementwise  memory-bound passes over a 4,096-token activation (LayerNorm, RMSNorm, the modulation's addcmul,
             the tanh GELU, a residual add): bytes read plus written over their time, GB/s
+            (GEMMs and elementwise passes: the best of a few runs each; both methods share them)
 and stores the rates (GFLOP/s; attention FLOPs = 4 * heads * N^2 * head_dim; elementwise GB/s) in calibration-<device>.json
 next to the tile profiles (attention_core.profiles.profile_dir), with the date and the device name.
 The file's rules (validated on load, atomic writes) are in attention_core.calibration.
@@ -26,6 +29,7 @@ import datetime
 import json
 import math
 import os
+import statistics
 import sys
 import time
 from typing import Optional
@@ -44,6 +48,7 @@ ELEMENTWISE_ROWS = 4096  # token rows of the elementwise passes (an activation f
 # block's passes the same way)
 ELEMENTWISE_OPS = ("layer_norm", "rms_norm", "addcmul", "gelu", "add")
 MATH_MAX_SCORES = 1 << 26
+ROUNDS = 3         # interleaved rounds of the attention methods (at least; `repeats` when more)
 
 
 # ------------------------------------------------------------------------------------------- measuring
@@ -53,6 +58,25 @@ def _timed(monitor, key, fn, repeats: int) -> float:
         return _best(fn, repeats)
     with monitor.span(key):
         return _best(fn, repeats)
+
+
+def interleaved(monitor, fns: dict, rounds: int) -> dict:
+    """{key: median seconds} of the functions `fns` {key: fn}, each warmed up once, then timed in `rounds`
+    interleaved rounds (one call of each per round), each call inside `monitor`'s span `key` when there is a
+    monitor. Why: the methods a calibration ranks must see the same machine. Timed one after another (best of a
+    few each), a load that came and went between them ranked the pack and sub-quadratic backwards (issue 24);
+    interleaved, a load hits every method alike, and the median is what a long run of calls gets, where the best
+    of a few is the luckiest moment."""
+    for fn in fns.values():
+        fn()
+    times = {key: [] for key in fns}
+    for _ in range(rounds):
+        for key, fn in fns.items():
+            with monitor.span(key) if monitor is not None else contextlib.nullcontext():
+                t0 = time.perf_counter()
+                fn()
+                times[key].append(time.perf_counter() - t0)
+    return {key: statistics.median(t) for key, t in times.items()}
 
 
 def _best(fn, repeats: int) -> float:
@@ -92,28 +116,29 @@ def measure(device: str = "cpu", dtype: str = "fp32", model: str = "wan22-5b", t
     with torch.no_grad():
         for n in tokens:
             q, k, v = (torch.randn(1, HEADS, n, d, generator=g).to(dev, td) for _ in range(3))
-            fl = attention_flops(HEADS, n, d)
+            qc, kc, vc = (t.transpose(1, 2).reshape(1, n, HEADS * d) for t in (q, k, v))  # ComfyUI's [B, N, H*D]
 
             def pack():
                 scaled_dot_product_attention(q, k, v)
                 sync()
-            att["pack"].append({"tokens": n, "heads": HEADS, "head_dim": d,
-                                "gflops": fl / _timed(monitor, ("pack", n), pack, repeats) / 1e9})
-            if subquad is not None:  # ComfyUI's layout: [B, N, H*D]
-                qc, kc, vc = (t.transpose(1, 2).reshape(1, n, HEADS * d) for t in (q, k, v))
 
-                def sq():
-                    subquad(qc, kc, vc, HEADS)
-                    sync()
-                att["subquad"].append({"tokens": n, "heads": HEADS, "head_dim": d,
-                                       "gflops": fl / _timed(monitor, ("subquad", n), sq, repeats) / 1e9})
+            def sq():
+                subquad(qc, kc, vc, HEADS)
+                sync()
+
+            def mth():
+                torch.nn.functional.scaled_dot_product_attention(q, k, v)
+                sync()
+            fns = {"pack": pack}
+            if subquad is not None:
+                fns["subquad"] = sq
             if HEADS * n * n <= MATH_MAX_SCORES:
-                def mth():
-                    torch.nn.functional.scaled_dot_product_attention(q, k, v)
-                    sync()
-                att["math"].append({"tokens": n, "heads": HEADS, "head_dim": d,
-                                    "gflops": fl / _timed(monitor, ("math", n), mth, repeats) / 1e9})
-            del q, k, v
+                fns["math"] = mth
+            seconds = interleaved(monitor, {(kind, n): fn for kind, fn in fns.items()}, max(ROUNDS, repeats))
+            fl = attention_flops(HEADS, n, d)
+            for kind in fns:
+                att[kind].append({"tokens": n, "heads": HEADS, "head_dim": d, "gflops": fl / seconds[(kind, n)] / 1e9})
+            del q, k, v, qc, kc, vc
         gemm = []
         for rows in GEMM_ROWS:
             for k_w, out_w in ((spec.width, spec.width), (spec.width, spec.ffn), (spec.ffn, spec.width)):

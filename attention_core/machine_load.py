@@ -202,10 +202,14 @@ class Monitor:
     @contextmanager
     def span(self, key=None):
         """One timed figure: yields a Span that holds the readings taken while it ran, plus one at its end (taken
-        after the timed code, so it costs the figure nothing); kept in self.figures[key] when a key is given."""
-        s = Span()
-        if key is not None:
-            self.figures[key] = s
+        after the timed code, so it costs the figure nothing); kept in self.figures[key] when a key is given. A key
+        seen before adds to its Span: a figure timed over interleaved rounds (calibrate.interleaved) holds the
+        readings of all its rounds."""
+        s = self.figures.get(key) if key is not None else None
+        if s is None:
+            s = Span()
+            if key is not None:
+                self.figures[key] = s
         with self._lock:
             self._open.append(s)
         try:

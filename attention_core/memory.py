@@ -25,10 +25,15 @@ PREF_ROWS = 64
 # parallel regions; 2^19 was 1.2-1.4x slower). A tuned profile (python -m attention_core.tune) replaces it with the
 # smallest tile within 3 % of the fastest on the device.
 TARGET_TILE_ELEMS = {"cpu": 1 << 23, "other": 1 << 27}
-# at most this many scores of one kv head (its batch x GQA rows included) in a forward tile, so each head's slice of
-# the tile stays near a core's L2 (2 MB of fp32): at N=2048, 8 heads of 64 dims a 2^23 tile of 512 rows a head ran
-# 1.15x slower than one of 256 (docs/bench-tiles-cpu.md); None: no cap
+# at most this many scores of one kv head (its batch x GQA rows included) in a forward tile of heads of at most
+# HEAD_CAP_MAX_DIM dims, so each head's slice of the tile stays near a core's L2 (2 MB of fp32): at N=2048, 8 heads
+# of 64 dims a 2^23 tile of 512 rows a head ran 1.15x slower than one of 256 quiet (docs/bench-tiles-cpu.md); None:
+# no cap. Heads of 128 dims (every video model's) do twice the GEMM work a score, and there the cap bought nothing
+# quiet (N=4096, 8 heads: 159 vs 161 GFLOP/s) and cost 10-20 % with the CPU loaded (a one-block run at 4,096
+# tokens lost to ComfyUI's sub-quadratic attention: twice the tiles, each parallel region waiting for a thread
+# another process had taken; docs/bench-busy-cpu.md, issue 24.3)
 HEAD_TILE_ELEMS = {"cpu": 1 << 19, "other": None}
+HEAD_CAP_MAX_DIM = 64
 # score elements per backward tile: five score-sized GEMMs a tile instead of two, and on the CPU 2^21 was as fast
 # as 2^22 and faster than 2^23 quiet (docs/bench-tiles-cpu.md); fwd + bwd at N=2048, 8 heads stays within 15 % of
 # math SDPA's peak RSS (LiveBytes test)
@@ -128,16 +133,18 @@ def _round(b: int) -> int:
 
 
 def tile_for(lq: int, hkv: int, pairs_per_row: int, per: int, budget: int, bk: int, kind: str, block_q=None,
-             shrink_kv: bool = False, target: Optional[int] = None):
+             shrink_kv: bool = False, target: Optional[int] = None, head_dim: Optional[int] = None):
     """(bq, bk, heads) for tiles of `per` bytes a score within `budget`, or None; halves bk while allowed.
 
     Shapes only (attention_core.plan reports the same tiles): lq query rows, hkv kv heads, each (kv head, query
     row) pair holding pairs_per_row * bk scores (B * G: batch and the GQA group). The tile takes as many pairs as
     TARGET_TILE_ELEMS[kind] and the budget allow, all heads when that leaves PREF_ROWS rows per head, else fewer
-    heads with more rows, and (forward) no more than HEAD_TILE_ELEMS[kind] scores a head where that leaves
-    PREF_ROWS rows. `target`: another number of scores to aim for (the backward's; no head cap)."""
+    heads with more rows, and (forward, heads of `head_dim` <= HEAD_CAP_MAX_DIM) no more than HEAD_TILE_ELEMS[kind]
+    scores a head where that leaves PREF_ROWS rows. `target`: another number of scores to aim for (the backward's;
+    no head cap). head_dim None: unknown, no cap."""
     lq, hkv = max(1, lq), max(1, hkv)
-    head_cap = HEAD_TILE_ELEMS[kind] if target is None else None  # forward tiles only
+    capped = target is None and head_dim is not None and head_dim <= HEAD_CAP_MAX_DIM  # forward tiles only
+    head_cap = HEAD_TILE_ELEMS[kind] if capped else None
     target = target or TARGET_TILE_ELEMS[kind]
     while True:
         per_pair = max(1, pairs_per_row) * bk
@@ -159,7 +166,7 @@ def tile_for(lq: int, hkv: int, pairs_per_row: int, per: int, budget: int, bk: i
 
 
 def _tile(p: AttentionProblem, per: int, budget: int, bk: int, block_q, shrink_kv: bool, target=None):
-    return tile_for(p.Lq, p.Hkv, p.B * p.G, per, budget, bk, _kind(p.device), block_q, shrink_kv, target)
+    return tile_for(p.Lq, p.Hkv, p.B * p.G, per, budget, bk, _kind(p.device), block_q, shrink_kv, target, p.E)
 
 
 def plan_forward(p: AttentionProblem, num: Numerics, tier: str, budget: int, block_q=None,

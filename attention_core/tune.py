@@ -97,13 +97,14 @@ def _time(fn, repeats, warm=True):
     return statistics.median(ts)
 
 
-def engine_tile(heads, n, rows, dtype, device, tier):
-    """(block_q, block_kv, heads per group) the engine's own plan takes for `rows` query rows of the shape."""
+def engine_tile(heads, n, rows, dtype, device, tier, dim=None):
+    """(block_q, block_kv, heads per group) the engine's own plan takes for `rows` query rows of the shape (heads of
+    `dim` dims: memory.tile_for's head cap depends on it)."""
     import torch
     kind = "cpu" if torch.device(device).type == "cpu" else "other"
     bk = n if tier != "online" else min(n, ONLINE_BLOCK_KV[kind])
     t = tile_for(rows, heads, 1, bytes_per_score(tier, dtype, device), tile_budget(torch.device(device)), bk, kind,
-                 shrink_kv=tier == "online")
+                 shrink_kv=tier == "online", head_dim=dim)
     return t if t is not None else (rows, bk, heads)
 
 
@@ -155,7 +156,7 @@ def tune_shape(heads, n, dim, dtype, device, tier, rows, repeats, log=print):
             timed.append((c, t))
     if not timed:
         raise NoCandidateRan(f"no tile candidate ran for {tier} {heads}x{dim} N={n} {dtype} on {device}")
-    own = tuple(engine_tile(heads, n, rows, dt, device, tier))
+    own = tuple(engine_tile(heads, n, rows, dt, device, tier, dim))
     best, best_t = choose(timed)  # the candidate kept in the entry
     pick, pick_t = choose(timed + [(own, base)])  # the engine's own tile competes too: use = a candidate won
     use = pick != own or pick_t != base
@@ -197,7 +198,7 @@ def layout_check(heads, n, dim, dtype, device, rows, rounds, log=print) -> dict:
     computes the layout the profile names (`tune` stores the faster one; profiles.score_layout)."""
     import torch
     dt = getattr(torch, dtype)
-    bq, _, hpg = engine_tile(heads, n, rows, dt, device, "chunked")
+    bq, _, hpg = engine_tile(heads, n, rows, dt, device, "chunked", dim)
     g = torch.Generator().manual_seed(0)
     q = (torch.randn(1, hpg, rows, dim, generator=g) * dim ** -0.5).to(device, dt)
     k, v = (torch.randn(1, hpg, n, dim, generator=g).to(device, dt) for _ in range(2))

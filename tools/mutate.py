@@ -334,7 +334,8 @@ EQUIVALENT += [
        "_patched_sdpa and config() return before `force` or `min_tokens` is used whenever the patch is not "
        "installed (only a call on another thread racing the last block's exit, between the two assignments, could "
        "see it)") for m in ("True, 0, {}", "False, 1, {}", "False, -1, {}")
-] + [("attention_core/tune.py::engine_tile", 'shrink_kv=tier == "online")', 'shrink_kv=tier >= "online")',
+] + [("attention_core/tune.py::engine_tile", 'shrink_kv=tier == "online", head_dim=dim)',
+       'shrink_kv=tier >= "online", head_dim=dim)',
        "the tiers are chunked, inplace and online, and only \"online\" sorts at or after \"online\"")
 ] + [("attention_core/estimate.py::_interp", "if n0 <= n <= n1:", f"if n0 {op} n <= n1:",
        "n lies strictly inside the (distinct, sorted) measured token counts here, so the first pair with n <= n1 "

@@ -86,6 +86,29 @@ def measure(blocks, tokens, attention, device, text=512, batch=2, monitor=None, 
     return times
 
 
+def block_medians(block, tokens, attentions: dict, device, rounds=3, batch=1, text=512, monitor=None) -> dict:
+    """{method: median seconds of one `block` forward} with each attention of `attentions` {method: fn}, after a
+    warm-up each, in `rounds` interleaved rounds (pack, subquad, pack, ...): every method sees the same machine
+    load, as in attention_core.calibrate.interleaved. With a machine_load.Monitor each call runs in its span
+    (method, "block")."""
+    from attention_core.calibrate import interleaved
+    g = torch.Generator().manual_seed(0)
+    width = block.norm1.normalized_shape[0]
+    x = torch.randn(batch, tokens, width, generator=g).to(device)
+    ctx = torch.randn(batch, text, width, generator=g).to(device)
+    e = torch.randn(batch, 6, width, generator=g).to(device) * 0.1
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+
+    def run(fn):
+        def call():
+            block(x, ctx, e, fn)
+            sync()
+        return call
+    with torch.no_grad():
+        seconds = interleaved(monitor, {(m, "block"): run(fn) for m, fn in attentions.items()}, rounds)
+    return {m: seconds[(m, "block")] for m in attentions}
+
+
 def main(argv=None) -> int:
     ap = cli_args.Parser(prog="python -m tools.predict_step", description=__doc__.split("\n\n")[0])
     ap.add_argument("--blocks", type=cli_args.int_range(1, 30), default=2, help="DiT blocks run (Wan 5B has 30)")

@@ -156,6 +156,22 @@ def test_best_is_the_fastest_of_the_repeats_after_a_warm_up(monkeypatch):
     assert calibrate._best(lambda: calls.append(1), 0) == float("inf")
 
 
+def test_interleaved_rounds_alternate_the_methods_and_keep_each_ones_median(monkeypatch):
+    """Each function warmed up once, then `rounds` rounds of one call each in order (a, b, a, b, ...), so a load
+    that comes and goes hits both; each keeps the median of its rounds, and with a monitor each call runs in its
+    own span (the readings of all its rounds in one figure)."""
+    from attention_core import machine_load
+    clock = iter([0.0, 1.0, 1.0, 5.0, 5.0, 8.0, 8.0, 9.0, 9.0, 11.0, 11.0, 20.0])  # a: 1, 3, 2; b: 4, 1, 9
+    monkeypatch.setattr(calibrate, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    calls = []
+    readings = iter(range(100))
+    monitor = machine_load.Monitor(source=lambda: next(readings))
+    got = calibrate.interleaved(monitor, {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, 3)
+    assert calls == ["a", "b"] + ["a", "b"] * 3
+    assert got == {"a": 2.0, "b": 4.0}
+    assert [len(monitor.figures[k].samples) for k in "ab"] == [3, 3]
+
+
 @pytest.fixture
 def tiny(monkeypatch):
     """A made-up model (2 heads of 8, FFN 48), a fixed device name, each measurement taking 0.5 s."""
@@ -168,14 +184,22 @@ def tiny(monkeypatch):
         fn()
         timed.append(repeats)
         return 0.5
+
+    def interleaved(monitor, fns, rounds):
+        for fn in fns.values():
+            fn()
+        timed.append((sorted(fns), rounds))
+        return {key: 0.5 for key in fns}
     monkeypatch.setattr(calibrate, "_best", best)
+    monkeypatch.setattr(calibrate, "interleaved", interleaved)
     return timed
 
 
 def test_measure_on_a_tiny_model(tiny, monkeypatch):
-    """Rates are FLOPs over the best time in GFLOP/s, for the engine at each token count, for torch's math SDPA
-    while the scores (8 heads x N^2) stay within MATH_MAX_SCORES, and for GEMMs of GEMM_ROWS rows at the model's
-    width x width and width x FFN shapes; no ComfyUI: no sub-quadratic entry at all. Two timed runs by default."""
+    """Rates are FLOPs over the time in GFLOP/s, for the engine at each token count, for torch's math SDPA
+    while the scores (8 heads x N^2) stay within MATH_MAX_SCORES (those two in interleaved rounds, median), and for
+    GEMMs of GEMM_ROWS rows at the model's width x width and width x FFN shapes (best of two timed runs by default);
+    no ComfyUI: no sub-quadratic entry at all."""
     monkeypatch.setattr(calibrate, "MATH_MAX_SCORES", 8 * 32 * 32)
     data = calibrate.measure("cpu", "fp32", "tiny", tokens=(16, 32, 48))
     assert data["version"] == calibration.VERSION == 1
@@ -191,9 +215,11 @@ def test_measure_on_a_tiny_model(tiny, monkeypatch):
                             for m in (512, 4096) for k, n in ((16, 16), (16, 48), (48, 16))]
     # five passes over a 4,096 x 16 fp32 activation moving 2 + 2 + 3 + 2 + 3 = 12 elements per element, 0.5 s each
     assert data["elementwise"] == [{"rows": 4096, "width": 16, "gbps": 12 * 4096 * 16 * 4 / 2.5 / 1e9}]
-    assert tiny == [2] * 16
+    # the attention methods of each token count in interleaved rounds (3, or more when repeats asks), the rest
+    # the best of `repeats` runs
+    assert tiny == [([("math", 16), ("pack", 16)], 3), ([("math", 32), ("pack", 32)], 3), ([("pack", 48)], 3)] + [2] * 11
     calibrate.measure("cpu", "fp32", "tiny", tokens=(16,), repeats=5)
-    assert tiny[16:] == [5] * 13  # pack, math (16 tokens), six GEMMs, five elementwise passes
+    assert tiny[14:] == [([("math", 16), ("pack", 16)], 5)] + [5] * 11  # six GEMMs, five elementwise passes
 
 
 def test_measure_hands_comfyui_its_own_layout(tiny, monkeypatch):

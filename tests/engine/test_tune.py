@@ -464,7 +464,7 @@ def test_the_engine_tile_tune_compares_against_is_the_one_the_engine_plans(tier,
     p = normalize(q, k, k)
     plan = plan_forward(p, choose_numerics(p.dtype, p.device), tier,
                         budget if budget is not None else tile_budget(p.device))
-    got = tune.engine_tile(heads, n, rows, "float32", "cpu", as_typed(tier))
+    got = tune.engine_tile(heads, n, rows, "float32", "cpu", as_typed(tier), dim)
     want = (plan.block_q, plan.block_kv, plan.block_h) if plan is not None else (rows, n, heads)
     assert got == want
     if budget is not None and budget <= 480 * 2 ** 10:
