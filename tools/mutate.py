@@ -106,11 +106,11 @@ BY_FILE = [
     ("nodes/backend_registry.py", [NODES, ROUTING, ADAPTER_KILLS]),
     ("nodes/clones.py", [CLONES, NODES, ROUTING, ADAPTER_KILLS]),
     ("nodes/comfy_adapter.py", [NODES, ROUTING, CLONES, EVERYWHERE, COMPILE, ADAPTER_KILLS]),
-    ("nodes/comfy_global_route.py", [EVERYWHERE, NODES]),  # ComfyUI's global attention in the process-wide mode
+    ("nodes/comfy_global_route.py", [EVERYWHERE, NODES, ADAPTER_KILLS]),  # ComfyUI's global attention in the process-wide mode
     ("nodes/connector_route.py", [ROUTING, CLONES, NODES, ADAPTER_KILLS]),  # LTX-2.3's text connectors
-    ("nodes/everywhere.py", [EVERYWHERE, NODES]),  # the process-wide mode: environment variable, state
+    ("nodes/everywhere.py", [EVERYWHERE, NODES, ADAPTER_KILLS]),  # the process-wide mode: environment variable, state
     ("nodes/everywhere_node.py", [EVERYWHERE, NODES, SCHEMAS]),  # Tiled Attention Everywhere
-    ("nodes/ffn.py", [NODES, CLONES, COMPILE, SCHEMAS]),  # FFN Chunking
+    ("nodes/ffn.py", [NODES, CLONES, COMPILE, SCHEMAS, ADAPTER_KILLS]),  # FFN Chunking
     ("nodes/fit.py", [FIT, NODES, SCHEMAS]),  # Attention Fit
     ("nodes/info.py", [NODES, EVERYWHERE, SCHEMAS, ADAPTER_KILLS]),  # Attention Info, the start line
     ("nodes/object_routes.py", [ROUTING, CLONES, NODES]),
@@ -222,6 +222,18 @@ def _empty_guard_equivalents():
 
 EQUIVALENT += _empty_guard_equivalents()
 EQUIVALENT += [
+    ("nodes/clones.py::rebind_object_patches", "if new is not patch:", "if new != patch:",
+     "_rebound returns `patch` itself or a new wrapper object or bound method; none of this pack's wrappers "
+     "defines __eq__ (identity), and a method bound to another module's object never equals one bound to the "
+     "original: `!=` is `is not` for every value it can see"),
+    ("nodes/comfy_adapter.py::_seq_lens", 'return call["q"].shape[-2], call["k"].shape[-2]',
+     'return call["q"].shape[2], call["k"].shape[-2]',
+     "with skip_reshape ComfyUI's callers hand q as [B, H, N, D] (its own attention functions unpack four dims "
+     "from it), where axes -2 and 2 are the same"),
+    ("nodes/object_routes.py::leaf_modules_with_parameter",
+     'return sorted(name for name in takes if not any(o != name and (name == "" or o.startswith(name + "."))',
+     'return sorted(name for name in takes if not any(o != name and (name <= "" or o.startswith(name + "."))',
+     "names are strings and no string sorts before the empty one: `name <= \"\"` holds for \"\" alone, as `==`"),
     ("nodes/fit.py::AttentionFit.execute",
      'est = plan.estimate(model, width, height, frames, free, 4 if dtype == "fp32" else 2, cpu=device == "cpu",',
      'est = plan.estimate(model, width, height, frames, free, 4 if dtype >= "fp32" else 2, cpu=device == "cpu",',

@@ -268,3 +268,126 @@ def test_connectors_nested_below_the_top_level_are_found(adapter):
     assert connector_route.connector_attention_modules(Patcher()) == [
         "diffusion_model.video_embeddings_connector.blocks.0.attn1",
         "diffusion_model.text.audio_embeddings_connector.blocks.0.attn1"]
+
+
+# ---------------------------------------------------- the survivors of the nodes draw of seed 107200 (issue 22.11)
+def test_devices_beyond_this_machines_gpus_are_named(adapter, monkeypatch):
+    """A CUDA/ROCm index at or past torch.cuda.device_count() is refused naming the count; those below it, the CPU
+    and an index-less 'cuda' pass (nodes/attention.py parse_devices)."""
+    from tiled_attention_pack.nodes import attention
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert attention.parse_devices("Patch Attention (tiled)", "cuda:0, cuda:1, cpu, cuda") == (
+        torch.device("cuda:0"), torch.device("cuda:1"), torch.device("cpu"), torch.device("cuda"))
+    for name in ("cuda:2", "cuda:7"):
+        with pytest.raises(ValueError, match=rf"devices lists {name}, but this machine has 2 CUDA/ROCm device"):
+            attention.parse_devices("Patch Attention (tiled)", f"cuda:0, {name}")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(ValueError, match=r"devices lists cuda:0, but this machine has 0 CUDA/ROCm"):
+        attention.parse_devices("Patch Attention (tiled)", "cuda:0")
+
+
+def test_registering_again_says_whether_the_name_is_ours(adapter, monkeypatch):
+    """register() on a ComfyUI with the backend registry: True when it adds the backend, True again when the name
+    already holds this pack's backend, False when it holds someone else's (named otherwise, or without the
+    settings this pack's carries); False without a registry (ComfyUI 0.3.75)."""
+    from comfy.ldm.modules import attention
+    from tiled_attention_pack.nodes import backend_registry
+    registry = getattr(attention, "REGISTERED_ATTENTION_FUNCTIONS", None)
+    if registry is None or not hasattr(attention, "register_attention_function"):
+        assert backend_registry.register() is False
+        return
+    monkeypatch.setattr(attention, "REGISTERED_ATTENTION_FUNCTIONS", dict(registry))
+    attention.REGISTERED_ATTENTION_FUNCTIONS.pop(backend_registry.NAME, None)
+    assert backend_registry.register() is True
+    assert backend_registry.register() is True
+
+    def attention_tiled(*args, **kwargs):
+        return None
+    attention.REGISTERED_ATTENTION_FUNCTIONS[backend_registry.NAME] = attention_tiled  # ours by name only
+    assert backend_registry.register() is False
+    attention_tiled.settings = object()
+    assert backend_registry.register() is True
+
+    def other(*args, **kwargs):
+        return None
+    other.settings = object()
+    attention.REGISTERED_ATTENTION_FUNCTIONS[backend_registry.NAME] = other
+    assert backend_registry.register() is False
+
+
+def test_the_wrap_attn_search_follows_at_most_eight_wrappers_and_stops_on_a_cycle(adapter):
+    """_wrap_attn_wrapper finds a wrap_attn wrapper (a closure over `func` defined in ComfyUI's attention module)
+    itself or up to 7 __wrapped__ hops below what the attribute holds, not 8 (the search's bound: a cycle of
+    __wrapped__ ends it too), and None for anything else."""
+    import types
+    from tiled_attention_pack.nodes import comfy_global_route as route
+
+    def wrap_attn(func):
+        def wrapper(*args, **kwargs):
+            return func(*args, **kwargs)
+        return wrapper
+    inner = wrap_attn(print)
+    module = types.SimpleNamespace(__file__=inner.__code__.co_filename)
+
+    def chain(depth):
+        fn = inner
+        for _ in range(depth):
+            fn = types.SimpleNamespace(__wrapped__=fn)
+        return fn
+    assert route._wrap_attn_wrapper(inner, module) is inner
+    assert route._wrap_attn_wrapper(chain(7), module) is inner
+    assert route._wrap_attn_wrapper(chain(8), module) is None
+    cyclic = types.SimpleNamespace()
+    cyclic.__wrapped__ = cyclic
+    assert route._wrap_attn_wrapper(cyclic, module) is None
+    assert route._wrap_attn_wrapper(print, module) is None
+    assert route._wrap_attn_wrapper(inner, types.SimpleNamespace(__file__="elsewhere.py")) is None
+
+
+def test_unroute_counts_each_cell_it_gives_back(adapter):
+    """route() puts a route in each wrap_attn wrapper of this ComfyUI; unroute() gives each back and returns how
+    many, once (0 the second time); none on a ComfyUI without wrap_attn (0.3.75)."""
+    from tiled_attention_pack.nodes import comfy_global_route as route
+    assert route.routed() == []
+    names = route.route()
+    try:
+        assert sorted(route.routed()) == sorted(names)
+    finally:
+        n = route.unroute()
+    assert n == len(names) and route.unroute() == 0 and route.routed() == []
+
+
+def test_every_change_of_the_everywhere_mode_is_logged_once(adapter, caplog):
+    """set_mode logs the new state when the mode or min_tokens changes, in either direction, and not when the same
+    state is set again."""
+    import logging
+    from tiled_attention_pack.nodes import everywhere
+    assert everywhere.state()["mode"] == "off"
+    try:
+        with caplog.at_level(logging.INFO):
+            for mode, min_tokens in (("chunked", 0), ("auto", 0), ("auto", 0), ("auto", 64), ("auto", 8),
+                                     ("online", 8), ("chunked", 8), ("off", 8), ("off", 8)):
+                caplog.clear()
+                before = everywhere.state()
+                everywhere.set_mode(mode, min_tokens)
+                lines = [r for r in caplog.records if "[tiled-attention]" in r.getMessage()]
+                changed = (before["mode"], before["min_tokens"]) != (mode, min_tokens)
+                assert len(lines) == changed, (mode, min_tokens, [r.getMessage() for r in lines])
+    finally:
+        everywhere.set_mode("off")
+
+
+def test_a_feed_forward_name_without_linear_layers_is_not_chunked(adapter):
+    """find_ffn_modules keeps a block's `ffn` / `ff` / `mlp` only when it holds a Linear layer (a hidden width
+    above 0): an activation or an identity under that name is not a feed-forward."""
+    from tiled_attention_pack.nodes import ffn
+
+    class Block(torch.nn.Module):
+        def __init__(self, ffn_module):
+            super().__init__()
+            self.ffn = ffn_module
+    model = torch.nn.Module()
+    model.blocks = torch.nn.ModuleList([Block(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(),
+                                                                  torch.nn.Linear(8, 4))),
+                                        Block(torch.nn.GELU()), Block(torch.nn.Identity())])
+    assert ffn.find_ffn_modules(model) == ["blocks.0.ffn"]
