@@ -222,6 +222,9 @@ def _empty_guard_equivalents():
 
 EQUIVALENT += _empty_guard_equivalents()
 EQUIVALENT += [
+    ("nodes/comfy_adapter.py::wants_engine", 'if settings.mode == "auto":', 'if settings.mode <= "auto":',
+     'settings.mode is one of MODES ("auto", "chunked", "online", "inplace"; "off" returned above), checked by '
+     'make_settings: none sorts before "auto", so `<= "auto"` holds for "auto" alone, like `==`'),
     ("nodes/clones.py::rebind_object_patches", "if new is not patch:", "if new != patch:",
      "_rebound returns `patch` itself or a new wrapper object or bound method; none of this pack's wrappers "
      "defines __eq__ (identity), and a method bound to another module's object never equals one bound to the "
@@ -234,6 +237,12 @@ EQUIVALENT += [
      'return sorted(name for name in takes if not any(o != name and (name == "" or o.startswith(name + "."))',
      'return sorted(name for name in takes if not any(o != name and (name <= "" or o.startswith(name + "."))',
      "names are strings and no string sorts before the empty one: `name <= \"\"` holds for \"\" alone, as `==`"),
+    ("nodes/fit.py::AttentionFit.execute",
+     'est = plan.estimate(model, width, height, frames, free, 4 if dtype == "fp32" else 2, cpu=device == "cpu",',
+     'est = plan.estimate(model, width, height, frames, free, 4 if dtype == "fp32" else 2, cpu=device <= "cpu",',
+     'device is str(torch.device) of ComfyUI\'s device: "cpu" or a type name that sorts after it ("cuda:0", '
+     '"mps", "xpu:0", "privateuseone:0", ...: no torch device type sorts before "cpu"), so `<= "cpu"` holds for '
+     '"cpu" alone, like `==`'),
     ("nodes/fit.py::AttentionFit.execute",
      'est = plan.estimate(model, width, height, frames, free, 4 if dtype == "fp32" else 2, cpu=device == "cpu",',
      'est = plan.estimate(model, width, height, frames, free, 4 if dtype >= "fp32" else 2, cpu=device == "cpu",',

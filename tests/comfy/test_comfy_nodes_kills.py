@@ -341,7 +341,8 @@ def test_the_wrap_attn_search_follows_at_most_eight_wrappers_and_stops_on_a_cycl
     cyclic.__wrapped__ = cyclic
     assert route._wrap_attn_wrapper(cyclic, module) is None
     assert route._wrap_attn_wrapper(print, module) is None
-    assert route._wrap_attn_wrapper(inner, types.SimpleNamespace(__file__="elsewhere.py")) is None
+    for elsewhere in ("/", "elsewhere.py", inner.__code__.co_filename + "x", inner.__code__.co_filename[:-1]):
+        assert route._wrap_attn_wrapper(inner, types.SimpleNamespace(__file__=elsewhere)) is None, elsewhere
 
 
 def test_unroute_counts_each_cell_it_gives_back(adapter):
@@ -373,6 +374,9 @@ def test_every_change_of_the_everywhere_mode_is_logged_once(adapter, caplog):
                 lines = [r for r in caplog.records if "[tiled-attention]" in r.getMessage()]
                 changed = (before["mode"], before["min_tokens"]) != (mode, min_tokens)
                 assert len(lines) == changed, (mode, min_tokens, [r.getMessage() for r in lines])
+                if mode != "off":  # the line says where the mode acts: auto where needed, a tier everywhere
+                    where = "where this device needs it" if mode == "auto" else f"on every device, tier {mode}"
+                    assert where in everywhere.describe(stats=False)
     finally:
         everywhere.set_mode("off")
 
