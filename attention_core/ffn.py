@@ -44,7 +44,7 @@ from collections import OrderedDict
 
 import torch
 
-from .memory import free_memory
+from .kernel.memory import free_memory
 
 log = logging.getLogger(__name__)
 

@@ -88,7 +88,7 @@ def test_an_equivalent_entry_covers_only_the_line_it_names():
     # the same text in two functions: each is its own entry (ops.py's empty-problem guard, forward and backward)
     line = "if p.Lq == 0 or p.B == 0 or p.Hkv == 0 or p.G == 0 or p.Lk == 0:"
     mutated = "    " + line.replace("p.B == 0", "p.B <= 0")
-    fwd, bwd = (located("attention_core/ops.py", line_of("attention_core/ops.py", line, i), mutated) for i in (1, 2))
+    fwd, bwd = (located("attention_core/kernel/ops.py", line_of("attention_core/kernel/ops.py", line, i), mutated) for i in (1, 2))
     assert (fwd.scope, bwd.scope) == ("forward_canonical", "backward_canonical")
     assert mutate.equivalent_reason(fwd) and mutate.equivalent_reason(bwd)
 

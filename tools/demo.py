@@ -15,7 +15,7 @@ configurations run in rounds, interleaved (each round runs every configuration o
 demo-only custom node stamps the time of every sampling step: the time per step is the median of all steps but
 each run's first (which carries one-off work, shown apart), memory the median of the runs' peaks; the first
 round also decodes, and its frames are compared with sub-quadratic's of the same seed. When other processes load
-the machine (before it starts, or while it measures: attention_core.machine_load), the summary says so instead of
+the machine (before it starts, or while it measures: attention_core.device.machine_load), the summary says so instead of
 a speed ratio.
 
 Nothing is written outside the clone: the servers' files go to --workdir (.cache/demo), matplotlib's cache and
@@ -203,7 +203,7 @@ def run(server, prompt, label, peak):
     """Queue a prompt and wait; (wall seconds, first step seconds, later steps' seconds, peak bytes, growth bytes,
     history entry, samples of other processes' runnable threads: machine_load.others_runnable, which leaves out
     this process and its children, the servers)."""
-    from attention_core import machine_load
+    from attention_core.device import machine_load
     peak.reset()
     start = time.time()
     log_start = len(server.log())
@@ -449,7 +449,7 @@ def main(argv=None):
             saved = json.load(f)
         report(saved["meta"], saved["runs"], a)
         return 0
-    from attention_core import machine_load
+    from attention_core.device import machine_load
     wall_start = time.time()
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     cores = os.cpu_count() or 1

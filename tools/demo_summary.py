@@ -41,7 +41,7 @@ def busy_reason(cores, load_before=None, others_during=()):
 
     load_before: os.getloadavg()[0] before the demo started anything (busy when above the core count).
     others_during: samples of how many threads of *other* processes were runnable while the configurations were
-    measured (attention_core.machine_load.others_runnable: the 1-minute load average cannot tell them from the
+    measured (attention_core.device.machine_load.others_runnable: the 1-minute load average cannot tell them from the
     demo's own servers, which keep every core busy); busy when they averaged more than a quarter of the cores
     (machine_load.threshold, the rule bench, tune and calibrate refuse to save by), i.e. took a visible share of
     the CPU from the server.

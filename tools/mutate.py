@@ -91,11 +91,11 @@ NODE_TESTS = [NODES, ROUTING, CLONES, FIT, EVERYWHERE, SCHEMAS, ADAPTER_KILLS]
 BY_FILE = [
     # the forward-mode Function and plain_attention (what torch.compile traces under forward-mode AD) are tested
     # by test_forward_ad.py only
-    ("attention_core/autograd.py", GRADS + [E + "test_forward_ad.py"]),
-    ("attention_core/tiers/backward.py", GRADS),
-    ("attention_core/memory.py", [E + "test_sdpa_memory.py", E + "test_memory_estimates.py", KILLS]),
-    ("attention_core/oom.py", [E + "test_sdpa_memory.py", KILLS]),
-    ("attention_core/detection.py", [E + "test_detection.py", KILLS]),
+    ("attention_core/kernel/autograd.py", GRADS + [E + "test_forward_ad.py"]),
+    ("attention_core/kernel/tiers/backward.py", GRADS),
+    ("attention_core/kernel/memory.py", [E + "test_sdpa_memory.py", E + "test_memory_estimates.py", KILLS]),
+    ("attention_core/kernel/oom.py", [E + "test_sdpa_memory.py", KILLS]),
+    ("attention_core/device/detection.py", [E + "test_detection.py", KILLS]),
     ("attention_core/patch.py", [E + "test_global_patch.py", KILLS]),
     ("attention_core/ffn.py", [E + "test_ffn_chunking.py", E + "test_ffn_compile.py", KILLS, FRESH_KILLS]),
     ("attention_core/parallel.py", [E + "test_parallel.py", E + "test_parallel_kv_copies.py"]),
@@ -160,7 +160,7 @@ EQUIVALENT = [
      'tier = "auto" if settings.mode is "auto" else settings.mode',
      "the original is just tier = settings.mode; every mode sorts at or after \"auto\" and is an interned "
      "literal, so the mutated test is true only for \"auto\" (or never) and tier is still settings.mode"),
-    ("attention_core/tiles.py::TileSource.scores",
+    ("attention_core/kernel/tiles.py::TileSource.scores",
      "if p.causal and j1 - 1 > i0 + p.causal_offset:  # some key in the tile is right of some row's diagonal",
      "if p.causal and j1 - 1 > i0 | p.causal_offset:  # some key in the tile is right of some row's diagonal",
      "i0 >= 0, so i0 | offset = i0 + offset - (i0 & offset) <= i0 + offset: the test only widens, and the causal "
@@ -170,7 +170,7 @@ EQUIVALENT = [
      "return max(1, min(n, math.ceil(act_bytes / max( 0, free * AUTO_SHARE))))",
      "free is at least 1 byte (0 is replaced by 4 GiB) and AUTO_SHARE > 0, so the floor of the divisor only "
      "matters below 1 byte, where both give n chunks"),
-    ("attention_core/tiles.py::TileSource.scores",
+    ("attention_core/kernel/tiles.py::TileSource.scores",
      "if p.causal and j1 - 1 > i0 + p.causal_offset:  # some key in the tile is right of some row's diagonal",
      "if p.causal and j1 // 1 > i0 + p.causal_offset:  # some key in the tile is right of some row's diagonal",
      "the test only skips a no-op: with j1 - 1 == i0 + offset no key is right of any row's diagonal"),
@@ -181,10 +181,10 @@ EQUIVALENT = [
      "if not (isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor)) or a.shape != b.shape \\",
      "_close's only caller (_check) passes two tensors or b = None; with None the mutant raises AttributeError, "
      "which _check catches and answers False, as the original does"),
-    ("attention_core/problem.py::normalize", "seed = int(torch.randint(0, 2 ** 62, (1,), dtype=torch.int64).item())",
+    ("attention_core/kernel/problem.py::normalize", "seed = int(torch.randint(0, 2 ** 62, (1,), dtype=torch.int64).item())",
      "seed = int(torch.randint( -1, 2 ** 62, (1,), dtype=torch.int64).item())",
      "a seed of -1 (one draw in 2**62) is as good a seed for the xor-multiply hash as any other"),
-    ("attention_core/tiles.py::TileSource.scores",
+    ("attention_core/kernel/tiles.py::TileSource.scores",
      "kt = k[:, :, j0:j1].transpose(-1, -2)", "kt = k[:, :, j0:j1].transpose(-1, 2)",
      "k is always 4-D (B, Hkv, Lk, E), so dim 2 is dim -2"),
     ("attention_core/parallel.py::flash_layout_attention",
@@ -192,7 +192,7 @@ EQUIVALENT = [
      "if tuple(window_size) > (-1, -1) or softcap or alibi_slopes is not None or return_attn_probs:",
      "flash-attn window sizes are -1 (unbounded) or >= 0, and every such pair other than (-1, -1) compares "
      "greater than it"),
-    ("attention_core/memory.py::bytes_per_score", "if p.dropout_p > 0:", "if p.dropout_p != 0:",
+    ("attention_core/kernel/memory.py::bytes_per_score", "if p.dropout_p > 0:", "if p.dropout_p != 0:",
      "only a negative dropout_p (rejected by sdpa; meaningless in ops) would differ, and then only the tile "
      "size estimate grows: results are the same"),
 ]
@@ -212,7 +212,7 @@ def _empty_guard_equivalents():
     terms = ["Lq", "B", "Hkv", "G"]
     out = []
     for scope in ("forward_canonical", "backward_canonical"):
-        key = f"attention_core/ops.py::{scope}"
+        key = f"attention_core/kernel/ops.py::{scope}"
         out += [(key, line, line.replace(f"p.{t} == 0", f"p.{t} {op}"), why)
                 for t in terms for op in ("< 0", "<= 0", "== -1")]
         out += [(key, line, line.replace(f"p.{a} == 0 or p.{b} == 0", f"p.{a} == 0 and p.{b} == 0"), why)
@@ -238,7 +238,7 @@ EQUIVALENT += [
      "if not isinstance(y, torch.Tensor) or y.dim() is not x.dim() or y.shape[dim] != size:",
      "tensor ranks are small ints, which CPython caches: `is not` is `!=` for them (piece lengths are not: "
      "`is not` on y.shape[dim] is killed by test_pieces_longer_than_256_tokens_are_chunked_exactly)"),
-    ("attention_core/autograd.py::_bwd_vmap", "if in_dims[9] is not None:", "if in_dims[ 10] is not None:",
+    ("attention_core/kernel/autograd.py::_bwd_vmap", "if in_dims[9] is not None:", "if in_dims[ 10] is not None:",
      "the backward's seed is the one the forward saved: a vmapped seed is refused by the forward rule "
      "(test_dropout_under_vmap_with_different_randomness_names_the_seed), so no public call reaches the backward "
      "rule with one; only a direct vmap of the tiled_attention::bwd op would"),
@@ -324,7 +324,7 @@ EQUIVALENT += [
       f"code = _DTYPES.index(t.dtype) if t.dtype in _DTYPES else {x}",
       "any code from 5 up prints as \"other\" and equals no listed dtype's code; every rank computes the same")
      for x in ("10", "8")
-] + [("attention_core/detection.py::_fused_ops",
+] + [("attention_core/device/detection.py::_fused_ops",
        '"efficient": lambda q: aten._scaled_dot_product_efficient_attention(q, q, q, None, False)[0]}',
        '"efficient": lambda q: aten._scaled_dot_product_efficient_attention(q, q, q, None, True)[0]}',
        "the probe only asks whether the kernel runs; compute_log_sumexp adds an output and [0] is the attention "

@@ -25,7 +25,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from attention_core import calibrate, calibration, cli_args, estimate, machine_load, plan
+from attention_core import calibrate, cli_args, estimate, plan
+from attention_core.device import calibration, machine_load
 
 
 class WanBlock(torch.nn.Module):

@@ -7,7 +7,7 @@ in one process per shape, every configuration once per round, rounds interleaved
     python -m tools.tile_sweep small 8    # the training forward alone at the fwd+bwd shape
 
 Configurations are named qE / kE (queries- / keys-major, forward target 2^E scores) and bB (backward target
-2^B). It patches attention_core.memory's targets in this process only. Timing, so: run it on a quiet machine
+2^B). It patches attention_core.kernel.memory's targets in this process only. Timing, so: run it on a quiet machine
 (docs/bench-tiles-cpu.md holds the runs that set the defaults). `wan` needs $COMFYUI_PATH (or NOSQ=1 to skip
 sub-quadratic).
 """
@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from attention_core import memory, scaled_dot_product_attention as sdpa
+from attention_core.kernel import memory
+from attention_core import scaled_dot_product_attention as sdpa
 
 
 def ours(e, layout, bwd=None, tier="chunked"):

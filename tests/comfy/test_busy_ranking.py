@@ -19,7 +19,8 @@ import time
 
 import pytest
 
-from attention_core import bench, machine_load
+from attention_core import bench
+from attention_core.device import machine_load
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TIE = 0.10       # methods within 10 % of each other: either order is a tie (the load's noise between rounds)

@@ -220,7 +220,7 @@ def test_attention_memory_is_linear_in_tokens(ew, standin, monkeypatch):
     """Under torch's math SDPA (all the GPUs the pack is for have), the diffusers Wan holds the N x N scores of
     every head with the mode off; with it on its attention holds O(N). The engine's op is called directly so that
     LiveBytes sees its tiles."""
-    autograd = mod("attention_core.autograd")
+    autograd = mod("attention_core.kernel.autograd")
 
     def fwd_visible(*args):
         seed = args[4]

@@ -12,7 +12,8 @@ import sys
 import pytest
 import torch
 
-from attention_core import bench, plan, profiles, selfcheck, tune
+from attention_core import bench, plan, selfcheck, tune
+from attention_core.device import profiles
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # a GPU this torch cannot use: "cuda" without GPUs, else one index past the last

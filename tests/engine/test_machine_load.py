@@ -1,4 +1,4 @@
-"""attention_core.machine_load (other processes' runnable threads while something is timed) and the guard it gives
+"""attention_core.device.machine_load (other processes' runnable threads while something is timed) and the guard it gives
 bench, tune, calibrate and tools.predict_step: every figure names its load, and on a busy machine nothing is saved
 unless --force-busy (then the file records the load). The readings are faked here (a /proc folder written by the
 test, or a stand-in reading function): no test depends on what else runs on the machine."""
@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from attention_core import bench, calibrate, calibration, machine_load, profiles, tune
+from attention_core import bench, calibrate, tune
+from attention_core.device import calibration, machine_load, profiles
 
 CORES = os.cpu_count() or 1
 

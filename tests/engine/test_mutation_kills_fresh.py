@@ -14,7 +14,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attention_core import TIER_CHOICES, chunk_ffn, ops, plan, profiles
+from attention_core import TIER_CHOICES, chunk_ffn, plan
+from attention_core.kernel import ops
+from attention_core.device import profiles
 from attention_core import scaled_dot_product_attention as sdpa
 from live_bytes import peak_bytes
 
@@ -67,7 +69,7 @@ def test_a_tuned_tile_over_the_budget_for_all_batch_rows_is_not_taken(profdir, m
 def test_a_tuned_tile_is_taken_exactly_when_it_fits_for_all_batch_rows(profdir, monkeypatch):
     """B = 2, G = 3 (6 query rows of each kv head per tile row, a count no other combination of 2 and 3 gives):
     at a budget of exactly the tuned tile for 6 rows the profile's tile runs; one byte less, the engine's own."""
-    from attention_core import driver
+    from attention_core.kernel import driver
     B, G, Hkv, L, D = 2, 3, 4, 256, 8
     entry = {"tier": "chunked", "dtype": "float32", "heads": Hkv, "dim": D, "n": L, "rows_timed": L,
              "block_q": 32, "block_kv": L, "heads_per_group": 2, "ms": 1.0, "untuned_ms": 2.0, "use": True}

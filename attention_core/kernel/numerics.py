@@ -66,7 +66,7 @@ def choose_numerics(dtype: torch.dtype, device: torch.device, precision: str = "
 
 
 def _bf16_hardware(device: torch.device) -> bool:
-    from .detection import bf16_hardware  # local: detect imports torch backends lazily
+    from ..device.detection import bf16_hardware  # local: detect imports torch backends lazily
     return bf16_hardware(device)
 
 

@@ -111,7 +111,7 @@ def attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None, enab
     scaled_dot_product_attention). Runs without autograd; pair it with attention_backward. Forward-mode AD
     (dual tensors, torch.func.jvp) raises: it would get no tangent here."""
     if forward_mode_active((q, k, v, attn_mask if isinstance(attn_mask, torch.Tensor) else None)):
-        raise RuntimeError("attention_core.ops.attention_forward runs without autograd, so forward-mode AD "
+        raise RuntimeError("attention_core.kernel.ops.attention_forward runs without autograd, so forward-mode AD "
                            "(torch.func.jvp / jacfwd, torch.autograd.forward_ad dual tensors) would get no tangent "
                            "from it: call attention_core.scaled_dot_product_attention(..., return_lse=True) instead, "
                            "which has the forward-mode rule")

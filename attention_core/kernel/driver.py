@@ -19,7 +19,7 @@ from .problem import AttentionProblem
 from .tiers import ORDER, TIERS
 from .tiers.backward import backward as backward_tiles
 from .tiles import TileOutputs, TileSource, lazy_source
-from .profiles import score_layout, tuned_blocks
+from ..device.profiles import score_layout, tuned_blocks
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ count, or None when there is no profile, TILED_ATTENTION_TUNE=off, or the tile w
 A profile is a file on the user's disk, so it is untrusted input: `load_profile` validates it (entries of the wrong
 shape or type, unknown tiers, counts outside [1, MAX_COUNT] are dropped, with ONE warning naming the file per
 version of it; a file that is not a profile at all, or not readable as JSON whatever it holds, is ignored the same
-way: attention_core.jsonfile), tiles are clamped to [1, N] where they are used, and
-`save_profile` writes atomically under a unique temporary name (attention_core.jsonfile), so concurrent tuners
+way: attention_core.device.jsonfile), tiles are clamped to [1, N] where they are used, and
+`save_profile` writes atomically under a unique temporary name (attention_core.device.jsonfile), so concurrent tuners
 never collide and readers never see a partial file. No attention call fails because of a profile.
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ LAYOUTS = ("queries", "keys")            # the chunked tier's score layouts (tie
 # keep the layout the engine always had until `tune` measures them
 DEFAULT_LAYOUT = {"cpu": "queries", "other": "queries"}
 MIN_ROWS = 16
-# transient bytes per score of a tile, as attention_core.memory.bytes_per_score counts them (fp16 tiles at 4:
+# transient bytes per score of a tile, as attention_core.kernel.memory.bytes_per_score counts them (fp16 tiles at 4:
 # the overflow guard may recompute one in fp32)
 _BPS = {"chunked": 2, "inplace": 1, "online": 3}
 _BPS_CPU = dict(_BPS, chunked=1)  # the CPU's chunked softmax overwrites its scores (memory.CHUNKED_SCORE_BUFFERS)
