@@ -1,9 +1,9 @@
-"""tools/mutate.py's score line: a fresh seed from os.urandom when none is given, stated with its time and commit;
+"""tools/mutation/mutate.py's score line: a fresh seed from os.urandom when none is given, stated with its time and commit;
 the as-run score against the 90 % target, equivalents apart; a given seed or a rescore says it is secondary."""
 import io
 import types
 
-from tools import mutate
+from tools.mutation import mutate
 
 
 def mutants(killed, survived, equivalent=0, timeout=0):
@@ -54,7 +54,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-ROOT = Path(mutate.__file__).resolve().parent.parent
+ROOT = mutate.ROOT
 
 
 def located(path, line, after, root=ROOT):

@@ -15,7 +15,7 @@ readings taken while they ran; the saved file gets `summary()`: {"mean", "max", 
 "busy", "forced"}.
 
 The threshold, SHARE = 0.25: busy when other processes' runnable threads averaged more than a quarter of the
-cores over the timed parts (0.5 on 2 cores), the rule the demo's verdict has always used (tools/demo_summary.py).
+cores over the timed parts (0.5 on 2 cores), the rule the demo's verdict has always used (tools/demo/demo_summary.py).
 Why there: the timed work keeps every core busy, so k other runnable threads take about k / (cores + k) of the CPU
 from it; at cores / 4 that is a fifth of the CPU, so a figure can be 25 % slow, more than the differences the saved
 files decide (tune keeps the smallest tile within 3 % of the fastest; the calibration ranks methods 10-40 % apart).
@@ -24,7 +24,7 @@ slowest thread, so one descheduled thread stalls all of them (issue 24); a loade
 sub-quadratic backwards. Below a quarter, the readings are mostly the odd blip (a shell, a log writer), and the
 interleaved rounds of `bench` spread what is left over every method alike.
 
-The guard: `python -m attention_core.bench` (--json, --plot), `tune`, `calibrate` and `tools.predict_step` (--log)
+The guard: `python -m attention_core.bench` (--json, --plot), `tune`, `calibrate` and `tools.measure.predict_step` (--log)
 refuse to save over the threshold (`refusal()`: one `error:` line naming the load, the threshold and FORCE_FLAG;
 exit 2, after the figures are printed) unless given FORCE_FLAG, and the saved file then records the load with
 "forced": true. No torch import here.

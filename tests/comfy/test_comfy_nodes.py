@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from comfy_harness import comfy_nodes, load_tiny, require_comfy
-from tools.tiny_models import write_ltxv, write_wan22_5b
+from tools.fixtures.tiny_models import write_ltxv, write_wan22_5b
 
 pytestmark = pytest.mark.comfy_inprocess
 

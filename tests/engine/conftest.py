@@ -1,7 +1,7 @@
 """Fixtures shared by the engine tests.
 
 Nothing from attention_core is imported at this module's top: pytest loads conftest files before plugins start
-(tools/mutate.py's coverage run among them), and a module imported here would have its import-time lines (the
+(tools/mutation/mutate.py's coverage run among them), and a module imported here would have its import-time lines (the
 constants) attributed to no test at all."""
 import sys
 

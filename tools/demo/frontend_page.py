@@ -1,11 +1,11 @@
 """The real ComfyUI frontend in headless Chromium (Debian's package, driven by the playwright Python package):
 launch flags, the settings that keep first-run popups away, the page-side checks and view fitting, and the
 placeholder files that let a server list every model and image a workflow loads. Shared by the browser test
-and tools/screenshot.py."""
+and tools/demo/screenshot.py."""
 import json
 import os
 
-from .comfyui import ROOT
+from ..comfyui_setup.comfyui import ROOT
 
 CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
 LAUNCH_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

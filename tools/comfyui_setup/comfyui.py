@@ -8,7 +8,7 @@
 import os
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tools/<group>/x.py
 OLDEST, LATEST = "0.3.75", "0.33.0"
 VERSIONS = (OLDEST, LATEST)
 ENV_VARS = {OLDEST: "COMFYUI_PATH", LATEST: "COMFYUI_LATEST_PATH"}

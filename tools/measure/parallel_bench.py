@@ -1,6 +1,6 @@
 """Per-rank time and memory of sequence-parallel attention on CPU processes against one process at the same N.
 
-    python -m tools.parallel_bench --tokens 8192 --heads 8 --dim 64 --ranks 2 4
+    python -m tools.measure.parallel_bench --tokens 8192 --heads 8 --dim 64 --ranks 2 4
 
 For each P it starts P processes (gloo over 127.0.0.1, one intra-op thread each), gives every rank N/P tokens of
 one float32 problem and times attention_core.parallel.ulysses_attention and ring_attention (plain and causal),
@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tools/<group>/x.py
 
 
 def _rss_kb(field):
@@ -110,7 +110,7 @@ def single(args):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m tools.parallel_bench", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.measure.parallel_bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--dim", type=int, default=64)
@@ -122,7 +122,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if os.environ.get("MALLOC_MMAP_THRESHOLD_") is None:  # large blocks mmapped, so freed memory leaves the RSS
         env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
-        raise SystemExit(subprocess.call([sys.executable, "-m", "tools.parallel_bench", *sys.argv[1:]], cwd=ROOT,
+        raise SystemExit(subprocess.call([sys.executable, "-m", "tools.measure.parallel_bench", *sys.argv[1:]], cwd=ROOT,
                                          env=env))
     if args.rank_worker:
         rank, world, init, out = args.rank_worker
@@ -137,7 +137,7 @@ def main(argv=None):
         init = "file://" + os.path.join(tmp, "rendezvous")
         common = ["--tokens", str(args.tokens), "--heads", str(args.heads), "--dim", str(args.dim),
                   "--repeats", str(args.repeats), "--memory-budget-mb", str(args.memory_budget_mb)]
-        procs = [subprocess.Popen([sys.executable, "-m", "tools.parallel_bench", *common, "--rank-worker", str(r),
+        procs = [subprocess.Popen([sys.executable, "-m", "tools.measure.parallel_bench", *common, "--rank-worker", str(r),
                                    str(world), init, os.path.join(tmp, f"{r}.json")], cwd=ROOT,
                                   env=os.environ) for r in range(world)]
         if any(p.wait() for p in procs):

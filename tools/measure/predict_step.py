@@ -1,6 +1,6 @@
 """Predicted vs measured seconds per sampling step: attention_core.estimate against real-width Wan 2.2 5B blocks.
 
-    python -m tools.predict_step [--blocks 2] [--tokens 4290] [--calibration FILE] [--device cpu] [--log FILE]
+    python -m tools.measure.predict_step [--blocks 2] [--tokens 4290] [--calibration FILE] [--device cpu] [--log FILE]
 
 Builds `--blocks` real-width Wan 2.2 TI2V 5B DiT blocks in plain torch (width 3072 = 24 heads x 128, FFN 14336,
 the block layout of comfy/ldm/wan/model.py: modulated LayerNorm, self-attention with RMS-normed q/k, cross-attention
@@ -111,7 +111,7 @@ def block_medians(block, tokens, attentions: dict, device, rounds=3, batch=1, te
 
 
 def main(argv=None) -> int:
-    ap = cli_args.Parser(prog="python -m tools.predict_step", description=__doc__.split("\n\n")[0])
+    ap = cli_args.Parser(prog="python -m tools.measure.predict_step", description=__doc__.split("\n\n")[0])
     ap.add_argument("--blocks", type=cli_args.int_range(1, 30), default=2, help="DiT blocks run (Wan 5B has 30)")
     ap.add_argument("--tokens", type=cli_args.int_range(1, 200_000), default=4290,
                     help="video tokens (4,290: Wan 2.2 5B at 832x480, 41 frames)")

@@ -15,7 +15,7 @@ folder): the working tree is never mutated.
 
 The sample is drawn first (--sample per module, default 40, from every mutant of the module's files). Then the
 test selections of the sampled files only (BY_FILE below) run once on the unmutated copy under coverage.py with
-one context per test (tools/mutate_coverage.py), which tells which tests execute which line and which tests
+one context per test (tools/mutation/mutate_coverage.py), which tells which tests execute which line and which tests
 already fail there (those are deselected and reported). Each mutant then runs only the tests that execute its
 line, with `-x`, one worker, under `nice -n 10`; a mutant on a line no test runs survives without a run; one on a
 line only imports run gets the file's whole selection. A failing run kills the mutant; a run past --timeout is a
@@ -57,7 +57,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # tools/mutation/mutate.py -> the repository
 TARGET = 90.0  # % killed as run on a fresh seed
 
 DRAWS_LOG = ROOT / "docs" / "mutation-draws.jsonl"  # every fresh draw, appended (in the real working tree)
@@ -614,7 +614,7 @@ def baseline(tree: Path, module: str, tests, timeout: float, deselect=()):
     cmd.remove("-x")
     plugin_dir = tree.parent / "plugin"  # the plugin from this checkout, also when --ref mutates another tree
     plugin_dir.mkdir(exist_ok=True)
-    shutil.copy(ROOT / "tools" / "mutate_coverage.py", plugin_dir / "mutate_coverage_plugin.py")
+    shutil.copy(ROOT / "tools" / "mutation" / "mutate_coverage.py", plugin_dir / "mutate_coverage_plugin.py")
     env = dict(os.environ, MUTATE_COVERAGE_FILE=str(data_file), MUTATE_TREE=str(tree),
                PYTHONPATH=os.pathsep.join(filter(None, [str(plugin_dir), os.environ.get("PYTHONPATH")])))
     t0 = time.time()
@@ -902,7 +902,7 @@ def check_equivalents(out=None) -> int:
     out = out or sys.stdout
     stale = stale_equivalents()
     if stale:
-        out.write(f"{len(stale)} stale EQUIVALENT entr{'y' if len(stale) == 1 else 'ies'} (tools/mutate.py):\n")
+        out.write(f"{len(stale)} stale EQUIVALENT entr{'y' if len(stale) == 1 else 'ies'} (tools/mutation/mutate.py):\n")
         out.writelines(f"  {s}\n" for s in stale)
         return 1
     out.write(f"EQUIVALENT: {len(EQUIVALENT)} entries, each names a line that exists\n")

@@ -33,10 +33,10 @@ import sys
 import textwrap
 import time
 
-from .comfy_server import ComfyServer
-from .comfyui import LATEST, ROOT, comfy_path, import_comfy
+from ..comfyui_setup.comfy_server import ComfyServer
+from ..comfyui_setup.comfyui import LATEST, ROOT, comfy_path, import_comfy
 from .demo_summary import busy_reason, headline, step_times, summarize, table
-from .prompt_tools import output_files, resized, without_patch, workflow_api
+from ..comfyui_setup.prompt_tools import output_files, resized, without_patch, workflow_api
 
 WORKFLOW = os.path.join(ROOT, "workflows", "wan22_5b_t2v_480p.json")
 FILES = {"diffusion_models": "wan2.2_ti2v_5B_fp16.safetensors",
@@ -273,7 +273,7 @@ def write_models(models, a):
     import torch
     from safetensors.torch import save_file
 
-    from .tiny_models import wan22_5b_state_dict, write_umt5, write_wan22_vae
+    from ..fixtures.tiny_models import wan22_5b_state_dict, write_umt5, write_wan22_vae
     shutil.rmtree(models, ignore_errors=True)
     sd = {k: v.half() for k, v in wan22_5b_state_dict(layers=a.blocks, **REAL_WIDTH).items()}
     path = os.path.join(models, "diffusion_models", FILES["diffusion_models"])

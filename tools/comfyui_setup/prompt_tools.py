@@ -4,12 +4,12 @@ import importlib.util
 import json
 import os
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tools/<group>/x.py
 
 
 def workflow_api():
     """tools/workflow_api.py, the UI -> API converter (stdlib only)."""
-    from . import workflow_api as mod
+    from .. import workflow_api as mod
     return mod
 
 
@@ -116,9 +116,9 @@ def output_files(base, entry, suffixes):
 
 
 def attention_census(log_text):
-    """The test shim's per-prompt attention counts from a server log (tools/tiny_model_loaders/attention_census.py,
+    """The test shim's per-prompt attention counts from a server log (tools/fixtures/tiny_model_loaders/attention_census.py,
     loaded by path: its package imports ComfyUI)."""
-    path = os.path.join(ROOT, "tools", "tiny_model_loaders", "attention_census.py")
+    path = os.path.join(ROOT, "tools", "fixtures", "tiny_model_loaders", "attention_census.py")
     spec = importlib.util.spec_from_file_location("tiny_model_loaders_attention_census", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

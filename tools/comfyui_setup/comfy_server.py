@@ -15,7 +15,7 @@ import urllib.request
 
 from .comfyui import FRONTENDS, LATEST, ROOT, comfy_path
 
-TOOLS = os.path.dirname(os.path.abspath(__file__))
+FIXTURES = os.path.join(ROOT, "tools", "fixtures")  # the test-only custom nodes (extra_custom_nodes)
 
 
 def free_port():
@@ -38,7 +38,7 @@ class ComfyServer:
         custom = os.path.join(self.base, "custom_nodes")
         os.makedirs(custom, exist_ok=True)
         os.makedirs(os.path.join(self.base, "models"), exist_ok=True)
-        links = {n: os.path.join(TOOLS, n) for n in extra_custom_nodes}
+        links = {n: os.path.join(FIXTURES, n) for n in extra_custom_nodes}
         if pack_dir is not None:
             links["tiled-attention"] = pack_dir
         for name, target in links.items():

@@ -1,7 +1,7 @@
 """On paper: bytes moved, compute per GPU and expected speed-up of splitting attention over several GPUs.
 
-    python -m tools.multigpu_estimate                       # Wan 2.2 5B 720p and LTX-2.3 1080p, 2 and 4 MI50s
-    python -m tools.multigpu_estimate --link-gbs 12 --attn-tflops 3.0 --linear-tflops 13
+    python -m tools.measure.multigpu_estimate                       # Wan 2.2 5B 720p and LTX-2.3 1080p, 2 and 4 MI50s
+    python -m tools.measure.multigpu_estimate --link-gbs 12 --attn-tflops 3.0 --linear-tflops 13
 
 Per transformer layer and sample (one self-attention call, fp16, forward):
   attention FLOPs 4 N^2 H D (QK^T and PV);  token-wise linear FLOPs 2 N * (MACs per token of projections + FFN)
@@ -63,7 +63,7 @@ def estimate(m: Model, P: int, link: float, attn_tflops: float, linear_tflops: f
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m tools.multigpu_estimate", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.measure.multigpu_estimate", description=__doc__.split("\n\n")[0])
     ap.add_argument("--link-gbs", type=float, default=12.0, help="PCIe bandwidth per direction per GPU, GB/s")
     ap.add_argument("--attn-tflops", type=float, default=3.0)
     ap.add_argument("--linear-tflops", type=float, default=13.0)

@@ -46,7 +46,7 @@ def busy_reason(cores, load_before=None, others_during=()):
     (machine_load.threshold, the rule bench, tune and calibrate refuse to save by), i.e. took a visible share of
     the CPU from the server.
     """
-    from attention_core import machine_load  # not at the top: ./dev demo --help must not import torch
+    from attention_core.device import machine_load  # not at the top: ./dev demo --help must not import torch
     reasons = []
     if load_before is not None and load_before > cores:
         reasons.append(f"load average {load_before:.1f} on {cores} cores before the demo started")
