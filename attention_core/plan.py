@@ -253,8 +253,8 @@ def ffn_bytes(batch: int, n: int, ffn: int, elem: int, chunks: int = 1) -> int:
 
 
 def ffn_auto_chunks(batch: int, n: int, ffn: int, elem: int, free: int) -> int:
-    """FFN Chunking's chunks = 0 rule (attention_core.ffn.AUTO_SHARE of free memory per chunk)."""
-    from .ffn import AUTO_SHARE
+    """FFN Chunking's chunks = 0 rule (attention_core.ffn.chunking.AUTO_SHARE of free memory per chunk)."""
+    from .ffn.chunking import AUTO_SHARE
     return max(1, min(n, math.ceil(ffn_bytes(batch, n, ffn, elem) / max(1, free * AUTO_SHARE))))
 
 

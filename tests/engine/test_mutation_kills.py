@@ -316,8 +316,9 @@ def test_one_dimensional_inputs_get_the_engines_error():
 def test_ffn_auto_chunks_assume_4_gib_when_free_memory_is_unknown(monkeypatch):
     """Where the device reports no free memory, FFN Chunking's auto count sizes the activation against 4 GiB."""
     import attention_core.ffn as ffn
-    monkeypatch.setattr(ffn, "free_memory", lambda device: None)
+    import attention_core.ffn.chunking as chunking
+    monkeypatch.setattr(chunking, "free_memory", lambda device: None)
     wrapper = ffn.ChunkedFFN(lambda x: x, chunks=0, hidden=4096)
     x = torch.empty(1, 65536, 8)  # activation 2 * 65536 * 4096 * 4 bytes = 2 GiB
-    expected = max(1, min(65536, math.ceil(2 * 65536 * 4096 * 4 / max(1, (4 << 30) * ffn.AUTO_SHARE))))
+    expected = max(1, min(65536, math.ceil(2 * 65536 * 4096 * 4 / max(1, (4 << 30) * chunking.AUTO_SHARE))))
     assert wrapper.chunk_count(x) == expected > 1

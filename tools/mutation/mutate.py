@@ -97,7 +97,7 @@ BY_FILE = [
     ("attention_core/kernel/oom.py", [E + "test_sdpa_memory.py", KILLS]),
     ("attention_core/device/detection.py", [E + "test_detection.py", KILLS]),
     ("attention_core/patch.py", [E + "test_global_patch.py", KILLS]),
-    ("attention_core/ffn.py", [E + "test_ffn_chunking.py", E + "test_ffn_compile.py", KILLS, FRESH_KILLS]),
+    ("attention_core/ffn/", [E + "test_ffn_chunking.py", E + "test_ffn_compile.py", KILLS, FRESH_KILLS]),
     ("attention_core/parallel.py", [E + "test_parallel.py", E + "test_parallel_kv_copies.py"]),
     ("attention_core/selfcheck.py", [E + "test_detection.py", KILLS]),
     ("nodes/__init__.py", [NODES, ROUTING, EVERYWHERE, ADAPTER_KILLS, SCHEMAS]),  # the extension: nodes, backend, env
@@ -165,7 +165,7 @@ EQUIVALENT = [
      "if p.causal and j1 - 1 > i0 | p.causal_offset:  # some key in the tile is right of some row's diagonal",
      "i0 >= 0, so i0 | offset = i0 + offset - (i0 & offset) <= i0 + offset: the test only widens, and the causal "
      "masked_fill it lets through more often is a no-op there"),
-    ("attention_core/ffn.py::ChunkedFFN.chunk_count",
+    ("attention_core/ffn/chunking.py::chunk_count",
      "return max(1, min(n, math.ceil(act_bytes / max(1, free * AUTO_SHARE))))",
      "return max(1, min(n, math.ceil(act_bytes / max( 0, free * AUTO_SHARE))))",
      "free is at least 1 byte (0 is replaced by 4 GiB) and AUTO_SHARE > 0, so the floor of the divisor only "
@@ -176,11 +176,11 @@ EQUIVALENT = [
      "the test only skips a no-op: with j1 - 1 == i0 + offset no key is right of any row's diagonal"),
     ("attention_core/parallel.py::_agree", "meta += [0.0] * (_META - len(meta))", "meta += [0.0] * (_META + len(meta))",
      "only more zero padding, which meta[:_META] cuts off on the next line"),
-    ("attention_core/ffn.py::_close",
+    ("attention_core/ffn/exactness.py::_close",
      "if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape \\",
      "if not (isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor)) or a.shape != b.shape \\",
-     "_close's only caller (_check) passes two tensors or b = None; with None the mutant raises AttributeError, "
-     "which _check catches and answers False, as the original does"),
+     "_close's only caller (exactness.check) passes two tensors or b = None; with None the mutant raises "
+     "AttributeError, which check catches and answers False, as the original does"),
     ("attention_core/kernel/problem.py::normalize", "seed = int(torch.randint(0, 2 ** 62, (1,), dtype=torch.int64).item())",
      "seed = int(torch.randint( -1, 2 ** 62, (1,), dtype=torch.int64).item())",
      "a seed of -1 (one draw in 2**62) is as good a seed for the xor-multiply hash as any other"),
@@ -233,7 +233,7 @@ EQUIVALENT += [
      "ComfyUI's models pass low_precision_attention only as the literal False (or leave it out: None); for "
      "False, True and None `== False` and `is False` agree. Only a non-bool (0, numpy.False_) would tell them "
      "apart, and no caller passes one"),
-    ("attention_core/ffn.py::ChunkedFFN._run",
+    ("attention_core/ffn/chunking.py::run_pieces",
      "if not isinstance(y, torch.Tensor) or y.dim() != x.dim() or y.shape[dim] != size:",
      "if not isinstance(y, torch.Tensor) or y.dim() is not x.dim() or y.shape[dim] != size:",
      "tensor ranks are small ints, which CPython caches: `is not` is `!=` for them (piece lengths are not: "
