@@ -1,9 +1,9 @@
 """`./dev` from a plain clone (no ../shared beside it): it downloads the stock ComfyUI 0.33.0 and checks it against
 tools/comfyui_setup/comfyui-0.33.0.sha256, and `./dev CMD --help` sets nothing up.
 
-The download runs the real `./dev fetch-comfyui` in a copy of the files it needs (dev, tools/comfyui_setup/fetch_comfyui.py, the
-manifest), laid out with no shared folder next to it, against the stock tarball served from a local HTTP server or a
-file:// URL: no venv is built and nothing is written into this checkout."""
+The download runs the real `./dev fetch-comfyui` in a copy of the files it needs (dev,
+tools/comfyui_setup/fetch_comfyui.py, the manifest), laid out with no shared folder next to it, against the stock
+tarball served from a local HTTP server or a file:// URL: no venv is built and nothing is written into this checkout."""
 import functools
 import http.server
 import io

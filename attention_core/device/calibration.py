@@ -1,10 +1,10 @@
 """The calibration file of attention_core.calibrate: where it lives, validation on load, atomic writes.
 
 Untrusted input (a file on the user's disk): `load` validates every field the estimate reads (sane ranges, below)
-and treats a bad file (whatever it holds: attention_core.device.jsonfile) as absent, with one warning naming the file per
-version of it; `problem` says what is wrong for a command line's error line; `save` writes a unique temporary
-file (tempfile.mkstemp) in the same folder and renames it over the old one (os.replace), so readers and other
-writers never see a partial file. No torch import here.
+and treats a bad file (whatever it holds: attention_core.device.jsonfile) as absent, with one warning naming the file
+per version of it; `problem` says what is wrong for a command line's error line; `save` writes a unique temporary file
+(tempfile.mkstemp) in the same folder and renames it over the old one (os.replace), so readers and other writers never
+see a partial file. No torch import here.
 """
 from __future__ import annotations
 

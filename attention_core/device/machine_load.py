@@ -24,10 +24,10 @@ slowest thread, so one descheduled thread stalls all of them (issue 24); a loade
 sub-quadratic backwards. Below a quarter, the readings are mostly the odd blip (a shell, a log writer), and the
 interleaved rounds of `bench` spread what is left over every method alike.
 
-The guard: `python -m attention_core.bench` (--json, --plot), `tune`, `calibrate` and `tools.measure.predict_step` (--log)
-refuse to save over the threshold (`refusal()`: one `error:` line naming the load, the threshold and FORCE_FLAG;
-exit 2, after the figures are printed) unless given FORCE_FLAG, and the saved file then records the load with
-"forced": true. No torch import here.
+The guard: `python -m attention_core.bench` (--json, --plot), `tune`, `calibrate` and `tools.measure.predict_step`
+(--log) refuse to save over the threshold (`refusal()`: one `error:` line naming the load, the threshold and FORCE_FLAG;
+exit 2, after the figures are printed) unless given FORCE_FLAG, and the saved file then records the load with "forced":
+true. No torch import here.
 """
 from __future__ import annotations
 

@@ -38,7 +38,8 @@ def register(wrapper) -> int:
 
 def decide_while_tracing(wrapper, shape, dtype, device, dim, training) -> int:
     """wrapper.decide(...) as a constant of the graph."""
-    return _decide_by_key(wrapper._trace_key, tuple(shape), str(dtype).replace("torch.", ""), str(device), dim, training)
+    return _decide_by_key(wrapper._trace_key, tuple(shape), str(dtype).replace("torch.", ""), str(device), dim,
+                          training)
 
 
 @torch.compiler.assume_constant_result

@@ -2,14 +2,14 @@
 on a quiet machine and with the CPU loaded by busy processes.
 
 A child process (ComfyUI's attention module imported there, not into the test process) calibrates with
-attention_core.calibrate.measure, then times one real-architecture Wan block (tools.measure.predict_step.WanBlock) with each
-attention, both in interleaved rounds. The block is narrow (width 1024 = 8 heads x 128, the calibration's heads;
-FFN 4096) so that at 4,096 tokens attention is about half of its time: the ranking is the attention's, not
-drowned by the GEMMs both methods share. attention_core.estimate.step_time (blocks=1) from that calibration must
-rank the two as the block run did, unless the run or the estimate calls it a tie (within TIE of each other), and the
-block with the pack must not be more than TIE slower than with sub-quadratic. The busy case runs one spinning
-process per core for the whole child run (calibration and block alike: they race the same load) and kills them
-after, whatever happened. Measurements and the cause: docs/bench-busy-cpu.md.
+attention_core.calibrate.measure, then times one real-architecture Wan block (tools.measure.predict_step.WanBlock) with
+each attention, both in interleaved rounds. The block is narrow (width 1024 = 8 heads x 128, the calibration's heads;
+FFN 4096) so that at 4,096 tokens attention is about half of its time: the ranking is the attention's, not drowned by
+the GEMMs both methods share. attention_core.estimate.step_time (blocks=1) from that calibration must rank the two as
+the block run did, unless the run or the estimate calls it a tie (within TIE of each other), and the block with the pack
+must not be more than TIE slower than with sub-quadratic. The busy case runs one spinning process per core for the whole
+child run (calibration and block alike: they race the same load) and kills them after, whatever happened. Measurements
+and the cause: docs/bench-busy-cpu.md.
 """
 import json
 import os

@@ -19,7 +19,8 @@ from tools.comfyui_setup.comfyui import ROOT, VERSIONS, comfy_path
 from tools.comfyui_setup.prompt_tools import attention_census, resized, workflow_api
 
 WRITE_WAN = ("import sys; from tools.comfyui_setup.comfyui import import_comfy; import_comfy(sys.argv[2]); "
-             "from tools.fixtures.tiny_models import write_wan22_model_set; write_wan22_model_set(sys.argv[1] + '/models')")
+             "from tools.fixtures.tiny_models import write_wan22_model_set; "
+             "write_wan22_model_set(sys.argv[1] + '/models')")
 
 
 @pytest.fixture(scope="module", params=VERSIONS, ids=lambda v: f"comfyui-{v}")

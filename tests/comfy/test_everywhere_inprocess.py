@@ -1,7 +1,7 @@
 """Tiled Attention Everywhere (the process-wide mode) inside a real ComfyUI (0.33.0 in-process; 0.3.75 through
 tests/comfy/test_inprocess_on_oldest.py), on model code nobody here wrote: a tiny diffusers WanTransformer3DModel
-and WanVideoWrapper-style attention blocks (tools/fixtures/wrapper_pack_standin), ComfyUI's global attention functions, the
-native Wan 2.2 model with Patch Attention, the UMT5 text encoder and the Wan 2.2 VAE.
+and WanVideoWrapper-style attention blocks (tools/fixtures/wrapper_pack_standin), ComfyUI's global attention functions,
+the native Wan 2.2 model with Patch Attention, the UMT5 text encoder and the Wan 2.2 VAE.
 
 Routed / total calls come from attention_core.patch.stats() of the pack as ComfyUI loads it; the stand-ins count
 their own attention calls (module forwards), independently of the pack. Outputs with the mode on are compared with

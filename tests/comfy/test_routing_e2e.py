@@ -2,8 +2,8 @@
 text-to-video workflow in ComfyUI 0.33.0 (Gemma 3, the text connectors, the DiT; the LTX video VAE has no attention)
 and the tiny Wan 2.2 workflow in the in-process test version (UMT5, the DiT, the VAE), each run with all of the
 pack's nodes off and then on (mode chunked, min_tokens 0). The test shim's census
-(tools/fixtures/tiny_model_loaders/attention_census.py) counts calls that reached ComfyUI's own attention functions or torch's
-SDPA and calls the engine computed; outputs with the pack agree with the run without it."""
+(tools/fixtures/tiny_model_loaders/attention_census.py) counts calls that reached ComfyUI's own attention functions or
+torch's SDPA and calls the engine computed; outputs with the pack agree with the run without it."""
 import json
 import os
 import subprocess
@@ -55,7 +55,8 @@ def start(tmp_path_factory, version, write):
 WRITE_LTX = ("import sys; from tools.fixtures.tiny_models_ltx23 import main; "
              "main(['tiny_models_ltx23', sys.argv[1] + '/models', sys.argv[1] + '/input'])")
 WRITE_WAN = ("import sys; from tools.comfyui_setup.comfyui import import_comfy; import_comfy(sys.argv[2]); "
-             "from tools.fixtures.tiny_models import write_wan22_model_set; write_wan22_model_set(sys.argv[1] + '/models')")
+             "from tools.fixtures.tiny_models import write_wan22_model_set; "
+             "write_wan22_model_set(sys.argv[1] + '/models')")
 
 
 @pytest.fixture(scope="module")

@@ -24,9 +24,9 @@ def profdir(tmp_path, monkeypatch):
 
 @pytest.fixture(autouse=True)
 def quiet_machine(monkeypatch):
-    """Other processes' runnable threads as attention_core.device.machine_load reads them: none, in every engine test, so
-    that `tune`, `calibrate` and `bench` save whatever else runs on the machine; the busy-machine refusals are
-    tested with readings of their own (tests/engine/test_machine_load.py)."""
+    """Other processes' runnable threads as attention_core.device.machine_load reads them: none, in every engine test,
+    so that `tune`, `calibrate` and `bench` save whatever else runs on the machine; the busy-machine refusals are tested
+    with readings of their own (tests/engine/test_machine_load.py)."""
     from attention_core.device import machine_load
     monkeypatch.setattr(machine_load, "others_runnable", lambda pids=None, proc=None: 0)
 

@@ -172,7 +172,8 @@ PREDICT_CASES = [(["--blocks", "0"], "--blocks", "from 1 to 30"), (["--tokens", 
 
 @pytest.mark.parametrize("argv,flag,word", PREDICT_CASES, ids=[" ".join(c[0]) for c in PREDICT_CASES])
 def test_predict_step_bad_input(argv, flag, word, capsys, tmp_path):
-    """The predicted-vs-measured tool (tools/measure/predict_step.py) answers like the engine's CLIs, before any work."""
+    """The predicted-vs-measured tool (tools/measure/predict_step.py) answers like the engine's CLIs, before any
+    work."""
     from tools.measure import predict_step
     (tmp_path / "garbage.json").write_text("{not json")
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]

@@ -3,6 +3,7 @@ layers (device <- kernel <- the public entry points and the commands), one sourc
 precision word, a docstring stating each module's job."""
 import ast
 import pathlib
+import re
 
 import torch
 
@@ -74,6 +75,15 @@ def test_the_top_level_holds_only_the_public_entry_points_and_the_commands():
     subpackages = {p.name for p in PKG.iterdir() if (p / "__init__.py").exists()}
     # ffn/ is a public entry point (FFN chunking) split by duty, not a layer: it sits at the top with sdpa and patch
     assert subpackages == {"kernel", "device", "ffn"}, subpackages
+
+
+def test_the_wheel_lists_every_subpackage():
+    """pyproject.toml names the packages `pip install .` ships: a subpackage missing there is missing installed."""
+    text = (PKG.parent / "pyproject.toml").read_text().split("[tool.setuptools]")[1]
+    listed = set(re.findall(r'"(attention_core[\w.]*)"', text))
+    folders = {".".join(p.relative_to(PKG.parent).parts[:-1]) for p in PKG.rglob("__init__.py")}
+    assert listed == folders, f"pyproject.toml [tool.setuptools] packages: add {sorted(folders - listed)}, " \
+                              f"drop {sorted(listed - folders)}"
 
 
 def test_each_layer_imports_only_itself_and_the_layers_below():

@@ -1,7 +1,7 @@
-"""attention_core.device.machine_load (other processes' runnable threads while something is timed) and the guard it gives
-bench, tune, calibrate and tools.measure.predict_step: every figure names its load, and on a busy machine nothing is saved
-unless --force-busy (then the file records the load). The readings are faked here (a /proc folder written by the
-test, or a stand-in reading function): no test depends on what else runs on the machine."""
+"""attention_core.device.machine_load (other processes' runnable threads while something is timed) and the guard it
+gives bench, tune, calibrate and tools.measure.predict_step: every figure names its load, and on a busy machine nothing
+is saved unless --force-busy (then the file records the load). The readings are faked here (a /proc folder written by
+the test, or a stand-in reading function): no test depends on what else runs on the machine."""
 import json
 import os
 

@@ -1,5 +1,6 @@
 """The node schemas (/object_info) the workflow tests validate against: the live answer of a real ComfyUI server of
-each test version with this pack installed (tools/comfyui_setup/comfy_server.py), one server start per version per test session.
+each test version with this pack installed (tools/comfyui_setup/comfy_server.py), one server start per version per test
+session.
 
 When no server can start (no ComfyUI set up), the saved stock /object_info in ../shared/comfyui plus the pack's own
 schemas (the pack's V3 classes' GET_NODE_INFO_V1, asked of ComfyUI in a subprocess) stand in, with a warning; under

@@ -1,7 +1,8 @@
 """Install the stock ComfyUI 0.33.0 that `./dev` runs the tests and the demo in, and check it is the real one.
 
-    python -m tools.comfyui_setup.fetch_comfyui SOURCE DEST --manifest tools/comfyui_setup/comfyui-0.33.0.sha256 [--keep FILE]
-    python -m tools.comfyui_setup.fetch_comfyui --record TARBALL        # print a manifest of a tarball (maintainers)
+    python -m tools.comfyui_setup.fetch_comfyui SOURCE DEST --manifest tools/comfyui_setup/comfyui-0.33.0.sha256 \
+        [--keep FILE]
+    python -m tools.comfyui_setup.fetch_comfyui --record TARBALL    # print a manifest of a tarball (maintainers)
 
 SOURCE is a release tarball: a local path, or an http://, https:// or file:// URL (downloaded first). Its one top
 folder is stripped, every file listed in the manifest must be there with that SHA-256 (files the manifest does not
@@ -191,7 +192,8 @@ def _remove(path: str) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.comfyui_setup.fetch_comfyui", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.comfyui_setup.fetch_comfyui",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("source", nargs="?", help="release tarball: a path or an http(s):// / file:// URL")
     ap.add_argument("dest", nargs="?", help="folder to install it as (replaced once the new tree verified)")
     ap.add_argument("--manifest", help="SHA-256 manifest the unpacked files must match")

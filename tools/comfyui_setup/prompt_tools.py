@@ -116,8 +116,8 @@ def output_files(base, entry, suffixes):
 
 
 def attention_census(log_text):
-    """The test shim's per-prompt attention counts from a server log (tools/fixtures/tiny_model_loaders/attention_census.py,
-    loaded by path: its package imports ComfyUI)."""
+    """The test shim's per-prompt attention counts from a server log
+    (tools/fixtures/tiny_model_loaders/attention_census.py, loaded by path: its package imports ComfyUI)."""
     path = os.path.join(ROOT, "tools", "fixtures", "tiny_model_loaders", "attention_census.py")
     spec = importlib.util.spec_from_file_location("tiny_model_loaders_attention_census", path)
     mod = importlib.util.module_from_spec(spec)

@@ -1,7 +1,8 @@
 """Refresh the README's screenshot: a bundled workflow in the real ComfyUI frontend (a stock server of the chosen
 version with this pack, the frontend that version pins), headless Chromium, the view fitted to the graph.
 
-    python -m tools.demo.screenshot [--workflow wan22_5b_t2v_480p] [--version 0.33.0] [--out docs/screenshot-wan22-480p.png]
+    python -m tools.demo.screenshot [--workflow wan22_5b_t2v_480p] [--version 0.33.0] \
+        [--out docs/screenshot-wan22-480p.png]
 
 Needs /usr/bin/chromium with a CJK font (apt-get install chromium fonts-wqy-microhei: the Wan prompts hold
 Chinese text) and the playwright package. The tests never write this file; run this by hand and commit it."""

@@ -122,8 +122,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if os.environ.get("MALLOC_MMAP_THRESHOLD_") is None:  # large blocks mmapped, so freed memory leaves the RSS
         env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
-        raise SystemExit(subprocess.call([sys.executable, "-m", "tools.measure.parallel_bench", *sys.argv[1:]], cwd=ROOT,
-                                         env=env))
+        raise SystemExit(subprocess.call([sys.executable, "-m", "tools.measure.parallel_bench", *sys.argv[1:]],
+                                         cwd=ROOT, env=env))
     if args.rank_worker:
         rank, world, init, out = args.rank_worker
         return rank_main(int(rank), int(world), init, args, out)
@@ -137,8 +137,8 @@ def main(argv=None):
         init = "file://" + os.path.join(tmp, "rendezvous")
         common = ["--tokens", str(args.tokens), "--heads", str(args.heads), "--dim", str(args.dim),
                   "--repeats", str(args.repeats), "--memory-budget-mb", str(args.memory_budget_mb)]
-        procs = [subprocess.Popen([sys.executable, "-m", "tools.measure.parallel_bench", *common, "--rank-worker", str(r),
-                                   str(world), init, os.path.join(tmp, f"{r}.json")], cwd=ROOT,
+        procs = [subprocess.Popen([sys.executable, "-m", "tools.measure.parallel_bench", *common, "--rank-worker",
+                                   str(r), str(world), init, os.path.join(tmp, f"{r}.json")], cwd=ROOT,
                                   env=os.environ) for r in range(world)]
         if any(p.wait() for p in procs):
             raise SystemExit(f"a rank of the {world}-process run failed")

@@ -1,7 +1,8 @@
 """CPU tile-default sweep (issue 24): the chunked tier at several forward / backward tile targets and score layouts,
 in one process per shape, every configuration once per round, rounds interleaved, medians.
 
-    python -m tools.measure.tile_sweep wan 8      # Wan 2.2 5B 480p forward (B1 H24 N4290 D128), with ComfyUI sub-quadratic
+    python -m tools.measure.tile_sweep wan 8      # Wan 2.2 5B 480p forward (B1 H24 N4290 D128), with ComfyUI
+                                                  # sub-quadratic
     python -m tools.measure.tile_sweep seed 6     # N4096, 16 x 64 forward, with math SDPA
     python -m tools.measure.tile_sweep bwd 8      # forward + backward, N2048, 8 x 64, with math SDPA
     python -m tools.measure.tile_sweep small 8    # the training forward alone at the fwd+bwd shape

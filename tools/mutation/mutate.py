@@ -181,7 +181,8 @@ EQUIVALENT = [
      "if not (isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor)) or a.shape != b.shape \\",
      "_close's only caller (exactness.check) passes two tensors or b = None; with None the mutant raises "
      "AttributeError, which check catches and answers False, as the original does"),
-    ("attention_core/kernel/problem.py::normalize", "seed = int(torch.randint(0, 2 ** 62, (1,), dtype=torch.int64).item())",
+    ("attention_core/kernel/problem.py::normalize",
+     "seed = int(torch.randint(0, 2 ** 62, (1,), dtype=torch.int64).item())",
      "seed = int(torch.randint( -1, 2 ** 62, (1,), dtype=torch.int64).item())",
      "a seed of -1 (one draw in 2**62) is as good a seed for the xor-multiply hash as any other"),
     ("attention_core/kernel/tiles.py::TileSource.scores",
@@ -902,7 +903,8 @@ def check_equivalents(out=None) -> int:
     out = out or sys.stdout
     stale = stale_equivalents()
     if stale:
-        out.write(f"{len(stale)} stale EQUIVALENT entr{'y' if len(stale) == 1 else 'ies'} (tools/mutation/mutate.py):\n")
+        entries = "entry" if len(stale) == 1 else "entries"
+        out.write(f"{len(stale)} stale EQUIVALENT {entries} (tools/mutation/mutate.py):\n")
         out.writelines(f"  {s}\n" for s in stale)
         return 1
     out.write(f"EQUIVALENT: {len(EQUIVALENT)} entries, each names a line that exists\n")
