@@ -10,7 +10,7 @@ try:
     from . import attention_core  # noqa: F401 - first: under too old a torch this raises TorchTooOld
     from .nodes import comfy_entrypoint
 except ImportError as e:
-    if type(e).__name__ != "TorchTooOld":  # attention_core.torch_version: this torch is older than the engine needs
+    if type(e).__name__ != "TorchTooOld":  # attention_core.device.torch_version: torch older than needed
         raise
     # one log line, and an empty node list so that ComfyUI loads the folder quietly and keeps running
     logging.getLogger("tiled_attention").error("[tiled-attention] not loaded: %s", e)

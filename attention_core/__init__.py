@@ -11,16 +11,16 @@ Public API
 Importing this package changes nothing global; under torch < 2.5 it raises torch_version.TorchTooOld (an
 ImportError naming the torch needed).
 """
-from .torch_version import require_torch
+from .device.torch_version import require_torch
 
 require_torch()  # before anything that needs torch >= 2.5: one clear ImportError, not an AttributeError
 
-from .detection import DeviceReport, detect
+from .device.detection import DeviceReport, detect
 from .ffn import ChunkedFFN, chunk_ffn, unchunk_ffn
-from .memory import AttentionMemoryError
+from .kernel.memory import AttentionMemoryError
 from .patch import disable, enable, is_enabled, patched
 from .sdpa import scaled_dot_product_attention
-from .tiers import ORDER as TIERS, TIER_CHOICES
+from .kernel.tiers import ORDER as TIERS, TIER_CHOICES
 
 __all__ = ["scaled_dot_product_attention", "detect", "DeviceReport", "enable", "disable", "is_enabled", "patched",
            "chunk_ffn", "unchunk_ffn", "ChunkedFFN", "AttentionMemoryError", "TIERS", "TIER_CHOICES"]

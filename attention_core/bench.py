@@ -25,7 +25,7 @@ Cases run with OMP_WAIT_POLICY=PASSIVE unless set (the same for every method; se
 Errors are against torch's math SDPA in float64 (or this engine's chunked tier in float64 when the float64
 score matrix would not fit, marked "ref=tiled64").
 Every case's line names the load it ran at: other processes' runnable threads while it ran ("others", sampled by
-attention_core.machine_load) and the 1-minute load average. --json and --plot are not written when other
+attention_core.device.machine_load) and the 1-minute load average. --json and --plot are not written when other
 processes kept the machine busy (machine_load's threshold: a quarter of the cores) unless --force-busy; the JSON's
 info holds the load either way ("load": mean, max, cores, threshold, busy, forced).
 """
@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 
-from . import machine_load
+from .device import machine_load
 from .plan import PRESETS, preset_shapes
 
 METHODS = ["math", "torch", "chunked", "inplace", "online", "auto", "chunked-prev", "auto-prev", "chunked-queries",
@@ -107,7 +107,8 @@ def _method_fn(name, case, torch):
         from attention_core import scaled_dot_product_attention
         return lambda q, k, v: scaled_dot_product_attention(q, k, v, tier=name)
     if name in ("chunked-prev", "auto-prev"):
-        from attention_core import memory, scaled_dot_product_attention
+        from attention_core.kernel import memory
+        from attention_core import scaled_dot_product_attention
         # this case's own process (see _run_in_subprocess): the previous CPU defaults, forward and backward tiles
         # aiming at 2^21 scores
         memory.TARGET_TILE_ELEMS = dict(memory.TARGET_TILE_ELEMS, cpu=PREV_CPU_TARGET)
@@ -117,11 +118,13 @@ def _method_fn(name, case, torch):
     if name in ("chunked-queries", "chunked-keys"):
         import os
 
-        from attention_core import profiles, scaled_dot_product_attention
+        from attention_core.device import profiles
+        from attention_core import scaled_dot_product_attention
         os.environ[profiles.ENV_LAYOUT] = name[len("chunked-"):]  # this case's own process (_run_in_subprocess)
         return lambda q, k, v: scaled_dot_product_attention(q, k, v, tier="chunked")
     if name == "tuned":
-        from . import profiles, tune
+        from .device import profiles
+        from . import tune
         entry = profiles.lookup(q_shape=(case["batch"], case["heads"], case["n"], case["dim"]), dtype=case["dtype"],
                                 device=case["device"])
         if entry is None:
@@ -535,7 +538,7 @@ def main(argv=None):
     a.dtype = a.dtype or ("float32" if device == "cpu" else "float16")
     methods = [m.strip() for m in (a.methods or ",".join(QUICK_METHODS if a.quick else METHODS)).split(",")
                if m.strip()]
-    from .memory import free_memory
+    from .kernel.memory import free_memory
     for mode, n, heads, dim, dtype, _ in build_plan(a):  # inputs that cannot exist: say so before running
         need = 4 * a.batch * heads * n * dim * getattr(torch, dtype).itemsize  # q, k, v and the output gradient
         free = free_memory(torch.device(device))

@@ -14,10 +14,10 @@ Measures on this device and dtype (about 40 s on a quiet 2-core CPU):
             the tanh GELU, a residual add): bytes read plus written over their time, GB/s
             (GEMMs and elementwise passes: the best of a few runs each; both methods share them)
 and stores the rates (GFLOP/s; attention FLOPs = 4 * heads * N^2 * head_dim; elementwise GB/s) in calibration-<device>.json
-next to the tile profiles (attention_core.profiles.profile_dir), with the date and the device name.
-The file's rules (validated on load, atomic writes) are in attention_core.calibration.
+next to the tile profiles (attention_core.device.profiles.profile_dir), with the date and the device name.
+The file's rules (validated on load, atomic writes) are in attention_core.device.calibration.
 Each rate is printed with the load it was measured at (other processes' runnable threads, "others", from
-attention_core.machine_load) and the file records the run's ("load"); when other processes kept the machine busy
+attention_core.device.machine_load) and the file records the run's ("load"); when other processes kept the machine busy
 (on average more than a quarter of the cores) the rates are printed and the file is not written, unless
 --force-busy.
 """
@@ -34,8 +34,9 @@ import sys
 import time
 from typing import Optional
 
-from . import machine_load, plan
-from .calibration import VERSION, calibration_path, save
+from .device import machine_load
+from . import plan
+from .device.calibration import VERSION, calibration_path, save
 
 TOKENS = (1024, 2048, 4096)
 HEADS = 8          # calibration heads (rates are per FLOP; 24 heads would only make it slower to measure)
@@ -100,7 +101,7 @@ def measure(device: str = "cpu", dtype: str = "fp32", model: str = "wan22-5b", t
     machine_load.Monitor; each rate's readings go to monitor.figures[(kind, tokens)] (GEMMs: ("gemm", n))."""
     import torch
 
-    from .profiles import _device_name
+    from .device.profiles import _device_name
     from .sdpa import scaled_dot_product_attention
     td = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
     dev = torch.device(device)

@@ -163,7 +163,7 @@ def _try_write(folder: str) -> Optional[str]:
 def folder_problem(folder: str, create: bool = False) -> Optional[str]:
     """Why no file can be written in `folder`, or None. A path component that is a file: "'...' is a file, not a
     folder"; a missing folder: "does not exist" (create: fine when its nearest existing parent is writable, as
-    attention_core.jsonfile makes missing folders); permissions are read (os.access) and then tried."""
+    attention_core.device.jsonfile makes missing folders); permissions are read (os.access) and then tried."""
     blocker = _not_a_folder(folder)
     if blocker is not None:
         return f"{blocker!r} is a file, not a folder" if os.path.isfile(blocker) else f"{blocker!r} is not a folder"

@@ -21,9 +21,9 @@ from typing import List, Sequence
 
 import torch
 
-from .autocast import autocast_inputs
+from .kernel.autocast import autocast_inputs
 from .sdpa import scaled_dot_product_attention
-from .tangents import forward_mode_active
+from .kernel.tangents import forward_mode_active
 
 log = logging.getLogger(__name__)
 

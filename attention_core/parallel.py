@@ -52,11 +52,11 @@ from typing import List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from .autocast import autocast_inputs
-from .ops import TILE_OPTIONS, attention_backward, attention_forward, backward_canonical, check_options
-from .problem import normalize
+from .kernel.autocast import autocast_inputs
+from .kernel.ops import TILE_OPTIONS, attention_backward, attention_forward, backward_canonical, check_options
+from .kernel.problem import normalize
 from .sdpa import scaled_dot_product_attention
-from .tangents import forward_mode_active
+from .kernel.tangents import forward_mode_active
 
 __all__ = ["ulysses_attention", "ring_attention", "zigzag_chunks", "flash_layout_attention"]
 

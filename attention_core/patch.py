@@ -63,7 +63,7 @@ def _servable(q, k, v) -> bool:
 def _wants_engine(device: torch.device, force: bool) -> bool:
     if force:
         return True
-    from .detection import needs_tiled
+    from .device.detection import needs_tiled
     return needs_tiled(device)
 
 

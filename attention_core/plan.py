@@ -60,7 +60,7 @@ MODELS: Dict[str, ModelSpec] = {
         "(128 x (F-1)//8+1 x H//32 x W//32), SymmetricPatchifier(1)"),
 }
 
-# the pack's tier costs per score element of one tile (mirrors attention_core.memory.bytes_per_score without
+# the pack's tier costs per score element of one tile (mirrors attention_core.kernel.memory.bytes_per_score without
 # masks or dropout): chunked holds scores and weights, inplace one tile, online score + fp32 weights and cast
 COMFY_SUBQUAD_CHUNKS = (4096, 2048, 1024, 512, 256)
 TIERS = ("chunked", "inplace", "online")
@@ -139,7 +139,7 @@ def tokens(model: ModelSpec, width: int, height: int, frames: int) -> int:
 
 
 def tier_bytes_per_score(tier: str, elem: int, cpu: bool = False) -> int:
-    """Transient bytes per score of one tile (attention_core.memory.bytes_per_score, no mask or dropout);
+    """Transient bytes per score of one tile (attention_core.kernel.memory.bytes_per_score, no mask or dropout);
     half precision is counted at 4 bytes: the overflow guard may recompute a tile in fp32. Chunked tiles hold S
     and P, one buffer on the CPU (P overwrites S)."""
     isz = 4 if elem == 2 else elem
@@ -152,13 +152,13 @@ def tier_bytes_per_score(tier: str, elem: int, cpu: bool = False) -> int:
     raise ValueError(f"unknown tier {tier!r}; choose from {TIERS}")
 
 
-PRECISIONS = ("auto", "input", "fp16", "fp32")  # the engine's precision modes (attention_core.numerics)
+PRECISIONS = ("auto", "input", "fp16", "fp32")  # the engine's precision modes (attention_core.kernel.numerics)
 LAYOUTS = ("comfyui", "heads")  # q/k/v as ComfyUI hands them ([B, N, H*D] viewed as heads) or contiguous heads
 DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
 
 
 def compute_dtype(dtype: str, cpu: bool, precision: str = "auto") -> str:
-    """The dtype the engine's tiles compute in (attention_core.numerics.choose_numerics, shapes only): half
+    """The dtype the engine's tiles compute in (attention_core.kernel.numerics.choose_numerics, shapes only): half
     inputs compute in fp32 on the CPU under "auto" and always under "fp32"; bf16 -> fp16 under "fp16" (and under
     "auto" on a GPU without bf16 hardware: the planner assumes fp16 there, whose overflow guard costs more)."""
     if dtype not in DTYPE_BYTES:
@@ -182,7 +182,7 @@ def score_bytes(tier: str, compute: str, cpu: bool = False) -> int:
 
 def kv_copy_bytes(batch: int, heads: int, n: int, head_dim: int, dtype: str, compute: str, layout: str,
                   all_heads: bool) -> int:
-    """K and V as the tiles read them (attention_core.tiles.TileSource): copied once per call (per head group)
+    """K and V as the tiles read them (attention_core.kernel.tiles.TileSource): copied once per call (per head group)
     in the compute dtype when they are not already contiguous heads in that dtype: ComfyUI's layout is a
     transposed view of [B, N, H*D], a head group of a batch > 1 is a strided slice, and half inputs computed in
     fp32 (the CPU default) are converted. `heads`: the kv heads of one head group."""
@@ -225,10 +225,10 @@ def comfy_split(bh: int, n: int, elem: int, free: int) -> dict:
 
 def pack_tile(tier: str, bh_kv: int, g: int, n: int, elem: int, budget: int, cpu: bool,
               per: Optional[int] = None) -> Optional[dict]:
-    """The tile the pack's planner takes for `tier` within `budget` bytes: attention_core.memory.tile_for, the
+    """The tile the pack's planner takes for `tier` within `budget` bytes: attention_core.kernel.memory.tile_for, the
     engine's own rule (about TARGET_TILE_ELEMS scores, all heads when that leaves >= PREF_ROWS rows each, else
     fewer heads); None when not even MIN_BLOCK rows fit."""
-    from .memory import ONLINE_BLOCK_KV, tile_for
+    from .kernel.memory import ONLINE_BLOCK_KV, tile_for
     kind = "cpu" if cpu else "other"
     per = per or tier_bytes_per_score(tier, elem, cpu)
     bk = n if tier != "online" else min(n, ONLINE_BLOCK_KV[kind])
@@ -242,7 +242,7 @@ def pack_tile(tier: str, bh_kv: int, g: int, n: int, elem: int, budget: int, cpu
 def pack_floor(tier: str, n: int, elem: int, cpu: bool = False) -> int:
     """The least a tier can run with: one head, MIN_BLOCK rows, full key rows (chunked/inplace) or MIN_BLOCK
     keys (online)."""
-    from .memory import MIN_BLOCK
+    from .kernel.memory import MIN_BLOCK
     keys = n if tier != "online" else MIN_BLOCK
     return tier_bytes_per_score(tier, elem, cpu) * MIN_BLOCK * keys
 
@@ -253,14 +253,14 @@ def ffn_bytes(batch: int, n: int, ffn: int, elem: int, chunks: int = 1) -> int:
 
 
 def ffn_auto_chunks(batch: int, n: int, ffn: int, elem: int, free: int) -> int:
-    """FFN Chunking's chunks = 0 rule (attention_core.ffn.AUTO_SHARE of free memory per chunk)."""
-    from .ffn import AUTO_SHARE
+    """FFN Chunking's chunks = 0 rule (attention_core.ffn.chunking.AUTO_SHARE of free memory per chunk)."""
+    from .ffn.chunking import AUTO_SHARE
     return max(1, min(n, math.ceil(ffn_bytes(batch, n, ffn, elem) / max(1, free * AUTO_SHARE))))
 
 
 def detected_free() -> tuple:
     """(bytes free, where): the first GPU's free memory, else available RAM."""
-    from .memory import free_memory
+    from .kernel.memory import free_memory
     import torch
     dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     free = free_memory(dev)
@@ -276,7 +276,7 @@ def estimate(model: str, width: int, height: int, frames: int, free: int, dtype_
     dtype ("fp16", "bf16", "fp32"; default from dtype_bytes), precision (the engine's mode) and layout (how q/k/v
     arrive: "comfyui" inside ComfyUI, "heads" contiguous [B, H, N, D]) decide the K/V copies each tier's total
     counts on top of its tile."""
-    from .memory import FREE_FRACTION
+    from .kernel.memory import FREE_FRACTION
     if model not in MODELS:
         raise ValueError(f"attention_core.plan: unknown model {model!r}; choose from {', '.join(MODELS)}")
     spec = MODELS[model]
@@ -395,7 +395,8 @@ def time_report(est: dict, calibration: Optional[str] = None, steps=None, cpu: b
     """The time section (attention_core.estimate.report) for `est`, from the calibration file `calibration` or
     the one of `device` (default: the first GPU, else the CPU; --cpu: the CPU) in the tiles' compute dtype;
     blocks: the DiT blocks a step runs (default: all of the model's; 1 to compare with a one-block demo)."""
-    from . import calibration as cal_file, cli_args, estimate as est_mod
+    from .device import calibration as cal_file
+    from . import cli_args, estimate as est_mod
     if calibration is None:
         if device is None:
             device = "cpu" if cpu else cli_args.default_device()
@@ -434,7 +435,7 @@ def main(argv=None) -> int:
                          "python -m attention_core.calibrate)")
     a = ap.parse_args(argv)
     if a.calibration is not None:  # a file named on the command line: a broken one is an error, not a warning
-        from .calibration import problem
+        from .device.calibration import problem
         bad = problem(a.calibration)
         if bad:
             cli_args.fail(ap, "--calibration", f"{bad} (make a new one with python -m attention_core.calibrate "

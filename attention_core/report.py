@@ -91,7 +91,7 @@ def _try(fn):
 def section_device(device, ctx):
     """Device, arch, memory and the software stack, as a two-column table."""
     import torch
-    from .profiles import _device_name
+    from .device.profiles import _device_name
     name, arch = _device_name(device)
     rows = [("device", device), ("name", name)]
     d = torch.device(device)
@@ -122,8 +122,8 @@ def section_device(device, ctx):
 
 
 def section_detection(device, ctx):
-    """attention_core.detection's verdict and its full report."""
-    from .detection import detect
+    """attention_core.device.detection's verdict and its full report."""
+    from .device.detection import detect
     r = detect(device)
     ctx["verdict"] = "needs tiled attention" if r.needs_tiled_attention else "has fused attention"
     return f"**{ctx['verdict']}**: {r.reason}\n\n" + _fence(r.text())
@@ -233,7 +233,7 @@ def default_out(device) -> str:
     """tiled-attention-report-<gpu name>-<arch>.md (or -cpu.md) in the current folder."""
     if device == "cpu":
         return "tiled-attention-report-cpu.md"
-    from .profiles import _device_name
+    from .device.profiles import _device_name
     slug = re.sub(r"[^a-z0-9]+", "-", "-".join(_device_name(device)).lower()).strip("-")[:60]
     return f"tiled-attention-report-{slug or 'gpu'}.md"
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import torch
 
-from .autocast import autocast_inputs
-from .autograd import tiled_attention
-from .ops import check_options
-from .problem import normalize
-from .tiers import TIER_CHOICES
+from .kernel.autocast import autocast_inputs
+from .kernel.autograd import tiled_attention
+from .kernel.ops import check_options
+from .kernel.problem import normalize
+from .kernel.tiers import TIER_CHOICES
 
 __all__ = ["scaled_dot_product_attention", "TIER_CHOICES"]
 

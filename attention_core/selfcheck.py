@@ -13,9 +13,9 @@ import sys
 import torch
 
 from . import cli_args
-from .detection import detect
+from .device.detection import detect
 from .sdpa import scaled_dot_product_attention
-from .tiers import ORDER as TIERS
+from .kernel.tiers import ORDER as TIERS
 
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 5e-3, torch.bfloat16: 4e-2}
 

@@ -13,7 +13,7 @@ device name, arch and torch version, in ComfyUI's user directory (<user>/tiled-a
 ComfyUI, else $TILED_ATTENTION_PROFILE_DIR, else ~/.cache/tiled-attention/.
 
 Every line a figure is on names the load it was timed at (other processes' runnable threads, "others", from
-attention_core.machine_load), and the profile records the run's ("load"). When other processes kept the machine
+attention_core.device.machine_load), and the profile records the run's ("load"). When other processes kept the machine
 busy (on average more than a quarter of the cores), the profile is not saved unless --force-busy.
 
 The planner asks `tuned_blocks(...)`: the profile's tile for the nearest tuned shape (same tier, dtype and head
@@ -28,10 +28,10 @@ import statistics
 import sys
 import time
 
-from . import machine_load
-from .memory import ONLINE_BLOCK_KV, tile_budget, tile_for
-from .oom import is_oom, release_cached
-from .profiles import (PROFILE_VERSION, _device_name, bytes_per_score, profile_dir, profile_name, profile_path,
+from .device import machine_load
+from .kernel.memory import ONLINE_BLOCK_KV, tile_budget, tile_for
+from .kernel.oom import is_oom, release_cached
+from .device.profiles import (PROFILE_VERSION, _device_name, bytes_per_score, profile_dir, profile_name, profile_path,
                        save_profile, tuned_blocks_for)
 from .sdpa import scaled_dot_product_attention
 

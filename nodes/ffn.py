@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 
 from .api import io
-from ..attention_core.ffn import ChunkedFFN, hidden_features
+from ..attention_core.ffn import ChunkedFFN
+from ..attention_core.ffn.chunking import hidden_features
 from .clones import register as follow_clones
 
 # attribute names of token-wise feed-forwards in video DiTs: Wan `ffn`, LTX / LTX-2 `ff` and `audio_ff`,

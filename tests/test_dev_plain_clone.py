@@ -1,9 +1,9 @@
 """`./dev` from a plain clone (no ../shared beside it): it downloads the stock ComfyUI 0.33.0 and checks it against
-tools/comfyui-0.33.0.sha256, and `./dev CMD --help` sets nothing up.
+tools/comfyui_setup/comfyui-0.33.0.sha256, and `./dev CMD --help` sets nothing up.
 
-The download runs the real `./dev fetch-comfyui` in a copy of the files it needs (dev, tools/fetch_comfyui.py, the
-manifest), laid out with no shared folder next to it, against the stock tarball served from a local HTTP server or a
-file:// URL: no venv is built and nothing is written into this checkout."""
+The download runs the real `./dev fetch-comfyui` in a copy of the files it needs (dev,
+tools/comfyui_setup/fetch_comfyui.py, the manifest), laid out with no shared folder next to it, against the stock
+tarball served from a local HTTP server or a file:// URL: no venv is built and nothing is written into this checkout."""
 import functools
 import http.server
 import io
@@ -17,11 +17,12 @@ import threading
 import pytest
 
 from comfy_harness import missing
-from tools.comfyui import ROOT, SHARED
+from tools.comfyui_setup.comfyui import ROOT, SHARED
 
 TOKENIZERS = ("comfy/text_encoders/llama_tokenizer/tokenizer.json", "comfy/text_encoders/qwen35_tokenizer/vocab.json")
 CHANGED, DROPPED = "comfy/model_management.py", "comfy/ldm/lightricks/model.py"
-CLONE_FILES = ("dev", "tools/__init__.py", "tools/fetch_comfyui.py", "tools/comfyui-0.33.0.sha256")
+CLONE_FILES = ("dev", "tools/__init__.py", "tools/comfyui_setup/__init__.py", "tools/comfyui_setup/fetch_comfyui.py",
+               "tools/comfyui_setup/comfyui-0.33.0.sha256")
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +173,7 @@ def tiny_server(tmp_path):
 
 
 def test_a_missing_url_names_the_http_status_not_the_network(tiny_server, tmp_path):
-    from tools import fetch_comfyui
+    from tools.comfyui_setup import fetch_comfyui
     with pytest.raises(fetch_comfyui.FetchError) as e:
         fetch_comfyui.download(f"{tiny_server}/gone.tar.gz", str(tmp_path / "x.tar.gz"))
     msg = str(e.value)
@@ -182,7 +183,7 @@ def test_a_missing_url_names_the_http_status_not_the_network(tiny_server, tmp_pa
 
 
 def test_a_bad_download_says_to_check_the_url_not_to_delete_it(tiny_server, tmp_path):
-    from tools import fetch_comfyui
+    from tools.comfyui_setup import fetch_comfyui
     manifest = tmp_path / "m.sha256"
     manifest.write_text("")
     url = f"{tiny_server}/bad.tar.gz"
@@ -211,7 +212,7 @@ def fake_venv(tmp_path):
     return venv, comfy
 
 
-@pytest.mark.parametrize("cmd,module", [("demo", "tools.demo"), ("bench", "attention_core.bench")])
+@pytest.mark.parametrize("cmd,module", [("demo", "tools.demo.demo"), ("bench", "attention_core.bench")])
 def test_demo_and_bench_read_relative_paths_from_the_callers_folder(cmd, module, tmp_path):
     """./dev moves into the clone; the demo and the benchmark are told where the user was (their --out-dir,
     --json, ... are relative to it), and matplotlib's files go to the clone's .cache/, not the home folder."""

@@ -1,9 +1,9 @@
-"""tools/mutate.py's score line: a fresh seed from os.urandom when none is given, stated with its time and commit;
-the as-run score against the 90 % target, equivalents apart; a given seed or a rescore says it is secondary."""
+"""tools/mutation/mutate.py's score line: a fresh seed from os.urandom when none is given, stated with its time and
+commit; the as-run score against the 90 % target, equivalents apart; a given seed or a rescore says it is secondary."""
 import io
 import types
 
-from tools import mutate
+from tools.mutation import mutate
 
 
 def mutants(killed, survived, equivalent=0, timeout=0):
@@ -54,7 +54,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-ROOT = Path(mutate.__file__).resolve().parent.parent
+ROOT = mutate.ROOT
 
 
 def located(path, line, after, root=ROOT):
@@ -88,7 +88,8 @@ def test_an_equivalent_entry_covers_only_the_line_it_names():
     # the same text in two functions: each is its own entry (ops.py's empty-problem guard, forward and backward)
     line = "if p.Lq == 0 or p.B == 0 or p.Hkv == 0 or p.G == 0 or p.Lk == 0:"
     mutated = "    " + line.replace("p.B == 0", "p.B <= 0")
-    fwd, bwd = (located("attention_core/ops.py", line_of("attention_core/ops.py", line, i), mutated) for i in (1, 2))
+    ops = "attention_core/kernel/ops.py"
+    fwd, bwd = (located(ops, line_of(ops, line, i), mutated) for i in (1, 2))
     assert (fwd.scope, bwd.scope) == ("forward_canonical", "backward_canonical")
     assert mutate.equivalent_reason(fwd) and mutate.equivalent_reason(bwd)
 

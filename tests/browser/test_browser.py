@@ -29,9 +29,9 @@ import urllib.request
 import pytest
 
 from comfy_harness import missing
-from tools.comfyui import FRONTENDS, LATEST, OLDEST, ROOT, comfy_path
-from tools.comfy_server import ComfyServer
-from tools.frontend_page import (CHROMIUM, INIT_SCRIPT, JS_FIT, JS_FULL_DETAIL, JS_READY, LAUNCH_FLAGS, VIEWPORT,
+from tools.comfyui_setup.comfyui import FRONTENDS, LATEST, OLDEST, ROOT, comfy_path
+from tools.comfyui_setup.comfy_server import ComfyServer
+from tools.demo.frontend_page import (CHROMIUM, INIT_SCRIPT, JS_FIT, JS_FULL_DETAIL, JS_READY, LAUNCH_FLAGS, VIEWPORT,
                                  pinned_frontend, settings, write_placeholders)
 
 ARTIFACTS = os.path.join(ROOT, "test-artifacts", "browser")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from attention_calls import count_comfy_attention
-from tools.comfyui import inprocess_version
+from tools.comfyui_setup.comfyui import inprocess_version
 
 pytestmark = pytest.mark.comfy_inprocess  # run again against 0.3.75 by test_inprocess_on_oldest.py
 
@@ -32,8 +32,8 @@ def node(pack):
 @pytest.fixture(scope="module")
 def clip(tmp_path_factory, counts):
     import comfy.sd
-    import tools.tiny_model_loaders  # noqa: F401 - the test-only loader shim: the tiny sizes reach the loader
-    from tools.tiny_models import write_umt5
+    import tools.fixtures.tiny_model_loaders  # noqa: F401 - the test-only loader shim: the tiny sizes reach the loader
+    from tools.fixtures.tiny_models import write_umt5
     path = write_umt5(str(tmp_path_factory.mktemp("te") / "umt5_tiny.safetensors"))
     c = comfy.sd.load_clip(ckpt_paths=[path], clip_type=comfy.sd.CLIPType.WAN)
     assert type(c.cond_stage_model).__name__ == "WanTEModel"
@@ -44,8 +44,8 @@ def clip(tmp_path_factory, counts):
 def vae(tmp_path_factory, counts):
     import comfy.sd
     import comfy.utils
-    import tools.tiny_model_loaders  # noqa: F401
-    from tools.tiny_models import write_wan22_vae
+    import tools.fixtures.tiny_model_loaders  # noqa: F401
+    from tools.fixtures.tiny_models import write_wan22_vae
     path = write_wan22_vae(str(tmp_path_factory.mktemp("vae") / "wan22_vae_tiny.safetensors"))
     return comfy.sd.VAE(sd=comfy.utils.load_torch_file(path))
 

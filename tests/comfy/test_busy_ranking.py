@@ -2,14 +2,14 @@
 on a quiet machine and with the CPU loaded by busy processes.
 
 A child process (ComfyUI's attention module imported there, not into the test process) calibrates with
-attention_core.calibrate.measure, then times one real-architecture Wan block (tools.predict_step.WanBlock) with each
-attention, both in interleaved rounds. The block is narrow (width 1024 = 8 heads x 128, the calibration's heads;
-FFN 4096) so that at 4,096 tokens attention is about half of its time: the ranking is the attention's, not
-drowned by the GEMMs both methods share. attention_core.estimate.step_time (blocks=1) from that calibration must
-rank the two as the block run did, unless the run or the estimate calls it a tie (within TIE of each other), and the
-block with the pack must not be more than TIE slower than with sub-quadratic. The busy case runs one spinning
-process per core for the whole child run (calibration and block alike: they race the same load) and kills them
-after, whatever happened. Measurements and the cause: docs/bench-busy-cpu.md.
+attention_core.calibrate.measure, then times one real-architecture Wan block (tools.measure.predict_step.WanBlock) with
+each attention, both in interleaved rounds. The block is narrow (width 1024 = 8 heads x 128, the calibration's heads;
+FFN 4096) so that at 4,096 tokens attention is about half of its time: the ranking is the attention's, not drowned by
+the GEMMs both methods share. attention_core.estimate.step_time (blocks=1) from that calibration must rank the two as
+the block run did, unless the run or the estimate calls it a tie (within TIE of each other), and the block with the pack
+must not be more than TIE slower than with sub-quadratic. The busy case runs one spinning process per core for the whole
+child run (calibration and block alike: they race the same load) and kills them after, whatever happened. Measurements
+and the cause: docs/bench-busy-cpu.md.
 """
 import json
 import os
@@ -19,7 +19,8 @@ import time
 
 import pytest
 
-from attention_core import bench, machine_load
+from attention_core import bench
+from attention_core.device import machine_load
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TIE = 0.10       # methods within 10 % of each other: either order is a tie (the load's noise between rounds)
@@ -28,7 +29,7 @@ CHILD = r"""
 import json, sys, torch
 from attention_core import calibrate, estimate, plan
 from attention_core.bench import _comfy_attention
-from tools import predict_step
+from tools.measure import predict_step
 comfyui = sys.argv[1]
 spec = plan.ModelSpec("narrow-wan", "narrow Wan block", (4, 16, 16), (1, 2, 2), 8, 128, 4096, 1, "test")
 plan.MODELS[spec.key] = spec

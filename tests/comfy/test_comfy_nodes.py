@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from comfy_harness import comfy_nodes, load_tiny, require_comfy
-from tools.tiny_models import write_ltxv, write_wan22_5b
+from tools.fixtures.tiny_models import write_ltxv, write_wan22_5b
 
 pytestmark = pytest.mark.comfy_inprocess
 
@@ -89,7 +89,7 @@ def test_modes_and_precisions_follow_the_engine(pack):
     """The node's modes are the engine's tiers plus off; its half_precision values map to the engine's names
     (the node's keep is the engine's auto, not the engine's input dtype)."""
     from tiled_attention_pack.attention_core import TIER_CHOICES
-    from tiled_attention_pack.attention_core.numerics import choose_numerics
+    from tiled_attention_pack.attention_core.kernel.numerics import choose_numerics
     adapter = pack.nodes.comfy_adapter
     assert set(adapter.MODES) == set(TIER_CHOICES) | {"off"}
     assert adapter._PRECISION == {"keep": "auto", "bf16_to_fp16": "fp16", "fp32": "fp32"}
@@ -255,7 +255,7 @@ def test_clone_deepcopy_keeps_one_override(pack, wan):
 
 
 def test_memory_error_names_node_and_settings(pack, wan, monkeypatch):
-    import tiled_attention_pack.attention_core.memory as mem
+    import tiled_attention_pack.attention_core.kernel.memory as mem
     monkeypatch.setattr(mem, "bytes_per_score", lambda *a, **k: 1 << 40)  # nothing fits
     patched = patch_node(pack, wan, "online", budget=64)
     latent, cond = wan_inputs()

@@ -203,7 +203,7 @@ def test_the_running_line_is_logged_once_per_patch_not_per_call(adapter, caplog)
                                                 ("nvidia", False, False), ("intel", False, False)])
 def test_attention_info_hints_fp16_weights_only_on_amd_without_bf16(adapter, monkeypatch, vendor, bf16, hint):
     from tiled_attention_pack.nodes import info
-    from tiled_attention_pack.attention_core.detection import DeviceReport
+    from tiled_attention_pack.attention_core.device.detection import DeviceReport
     report = DeviceReport(device="cuda:0", name="test GPU", vendor=vendor, arch=None, gfx=None, sm=None,
                           bf16_hardware=bf16)
     monkeypatch.setattr(info, "detect", lambda device: report)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from comfy_harness import comfy_nodes, load_tiny
-from tools.tiny_models import write_wan22_5b
+from tools.fixtures.tiny_models import write_wan22_5b
 
 pytestmark = pytest.mark.comfy_inprocess
 
@@ -48,7 +48,7 @@ def dynamo_run(model):
 
 
 def test_patched_model_compiles_fullgraph_without_breaks_or_recompiles(pack, wan, monkeypatch):
-    from tiled_attention_pack.attention_core import detection
+    from tiled_attention_pack.attention_core.device import detection
     from tiled_attention_pack.nodes.comfy_adapter import PatchSettings, install
     from tiled_attention_pack.nodes.ffn import chunk_model
     # every attention call through the engine (auto: forced on this CPU, device report not yet cached, so the

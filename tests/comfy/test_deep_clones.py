@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from comfy_harness import comfy_nodes, load_tiny
-from tools.tiny_models import write_wan22_5b
+from tools.fixtures.tiny_models import write_wan22_5b
 
 pytestmark = pytest.mark.comfy_inprocess
 
@@ -95,8 +95,8 @@ def test_text_encoder_route_follows_a_deep_clone(pack, tmp_path):
     """The attention routes (here Patch Attention (CLIP) on the tiny UMT5) are rebound like FFN Chunking: a weight
     patch on the deep clone's attention reaches the output, as without the pack."""
     import comfy.sd
-    import tools.tiny_model_loaders  # noqa: F401 - the test-only loader shim: the tiny sizes reach the loader
-    from tools.tiny_models import write_umt5
+    import tools.fixtures.tiny_model_loaders  # noqa: F401 - the test-only loader shim: the tiny sizes reach the loader
+    from tools.fixtures.tiny_models import write_umt5
     from tiled_attention_pack.nodes.comfy_adapter import PatchSettings
     from tiled_attention_pack.nodes.text_encoder_route import patch_clip
     with torch.inference_mode():

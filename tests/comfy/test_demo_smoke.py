@@ -10,7 +10,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def test_bogus_mode_is_rejected_by_argparse_before_comfyui_starts(tmp_path):
     work = tmp_path / "demo"
-    p = subprocess.run([sys.executable, "-m", "tools.demo", "--mode", "bogus", "--workdir", str(work)], cwd=ROOT,
+    p = subprocess.run([sys.executable, "-m", "tools.demo.demo", "--mode", "bogus", "--workdir", str(work)], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2
     assert "invalid choice: 'bogus'" in p.stderr
@@ -24,14 +24,14 @@ def test_bogus_mode_is_rejected_by_argparse_before_comfyui_starts(tmp_path):
                                       (["--size", "64x64x5", "--preset", "480p"], "give one of them"),
                                       (["--preset", "1080p"], "invalid choice")])
 def test_other_bad_arguments(argv, msg, capsys):
-    from tools.demo import parse_args
+    from tools.demo.demo import parse_args
     with pytest.raises(SystemExit) as e:
         parse_args(argv)
     assert e.value.code == 2 and msg in capsys.readouterr().err
 
 
 def test_default_is_the_quick_run_and_full_is_the_480p_workflow_at_real_width():
-    from tools.demo import PRESETS, REAL_WIDTH, parse_args
+    from tools.demo.demo import PRESETS, REAL_WIDTH, parse_args
     a = parse_args([])
     assert a.frame_size == (832, 480, 21) and a.blocks == 1 and a.steps == 3 and a.repeats == 2 and not a.math
     f = parse_args(["--full"])
@@ -43,7 +43,7 @@ def test_default_is_the_quick_run_and_full_is_the_480p_workflow_at_real_width():
 
 
 def test_help_shows_the_defaults_and_the_expected_time(capsys):
-    from tools.demo import parse_args
+    from tools.demo.demo import parse_args
     with pytest.raises(SystemExit) as e:
         parse_args(["--help"])
     out = " ".join(capsys.readouterr().out.split())
@@ -54,7 +54,7 @@ def test_help_shows_the_defaults_and_the_expected_time(capsys):
 
 
 def test_without_decode_only_the_sampled_latent_is_saved():
-    from tools.demo import configure
+    from tools.demo.demo import configure
 
     def node(ct, **inputs):
         return {"class_type": ct, "inputs": inputs}
@@ -84,7 +84,7 @@ def test_without_decode_only_the_sampled_latent_is_saved():
 def test_a_second_run_reuses_the_model_files_it_wrote(tmp_path):
     import argparse
 
-    from tools.demo import write_models
+    from tools.demo.demo import write_models
     models = tmp_path / "models"
     models.mkdir()
     (models / "real-width-1-blocks").touch()  # what the first run leaves
@@ -95,7 +95,7 @@ def test_a_second_run_reuses_the_model_files_it_wrote(tmp_path):
 def test_relative_output_paths_are_read_from_the_callers_folder(tmp_path, monkeypatch):
     """./dev demo runs from the clone and passes the caller's folder: --out-dir (and --chart, --json, --workdir,
     --models) given relative mean relative to where the user was; absolute ones are kept."""
-    from tools.demo import parse_args
+    from tools.demo.demo import parse_args
     monkeypatch.setenv("TILED_ATTENTION_CALLER_CWD", str(tmp_path))
     a = parse_args(["--chart", "c.png", "--workdir", "/abs/work"])
     assert a.out_dir == str(tmp_path / "demo-output") and a.chart == str(tmp_path / "c.png")
@@ -112,7 +112,7 @@ def results(diffs=(0.0, 1 / 255, 1 / 255)):
 
 
 def test_chart_frame_difference_axis_has_a_floor_and_labels_have_no_doubled_parentheses():
-    from tools.demo import FRAME_DIFF_FLOOR, chart_panels
+    from tools.demo.demo import FRAME_DIFF_FLOOR, chart_panels
     labels, panels = chart_panels(results(), "RSS of the server")
     assert FRAME_DIFF_FLOOR == 8 / 255
     diffs, title, fmts, end = panels[2]
@@ -143,7 +143,7 @@ def test_report_only_writes_its_chart_where_asked_and_nothing_in_the_home_folder
     (work / "runs.json").write_text(json.dumps({"meta": meta, "runs": runs}))
     env = {k: v for k, v in os.environ.items() if k not in ("MPLCONFIGDIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME")}
     env.update(HOME=str(home), TILED_ATTENTION_CALLER_CWD=str(caller))
-    p = subprocess.run([sys.executable, "-m", "tools.demo", "--report-only", "--workdir", str(work), "--out-dir",
+    p = subprocess.run([sys.executable, "-m", "tools.demo.demo", "--report-only", "--workdir", str(work), "--out-dir",
                         "out"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     assert (caller / "out" / "demo.png").stat().st_size > 0

@@ -1,10 +1,10 @@
-"""What ./dev demo concludes from its measurements (tools/demo_summary.py): the headline compares the pack's
+"""What ./dev demo concludes from its measurements (tools/demo/demo_summary.py): the headline compares the pack's
 recommended configuration with ComfyUI's default whatever the others measured, each figure names its
 configuration, a busy machine gets a warning instead of a speed ratio, per-step times are medians of the steps
 after each run's first (the first, with its one-off work, apart)."""
 import pytest
 
-from tools.demo_summary import busy_reason, headline, step_times, summarize, table
+from tools.demo.demo_summary import busy_reason, headline, step_times, summarize, table
 
 CONFIGS = [("ComfyUI sub-quadratic", "default"), ("math SDPA", "math"),
            ("Patch Attention (chunked)", "recommended"), ("Patch Attention + FFN Chunking (4 chunks)", "ffn")]

@@ -1,6 +1,6 @@
 """Tiled Attention Everywhere end to end, through /prompt of real ComfyUI servers (the stock 0.3.75 and 0.33.0):
 the mode switched on at start by TILED_ATTENTION_EVERYWHERE and from the graph by the node, on model code nobody
-here wrote, run from the nodes of a test pack the way wrapper packs run it (tools/wrapper_pack_standin: a tiny
+here wrote, run from the nodes of a test pack the way wrapper packs run it (tools/fixtures/wrapper_pack_standin: a tiny
 diffusers WanTransformer3DModel, WanVideoWrapper-style attention in its "sdpa" and "comfy" modes), and the native Wan
 2.2 workflow with Patch Attention in the same queue.
 
@@ -14,12 +14,13 @@ import pytest
 import torch
 
 from comfy_harness import missing
-from tools.comfy_server import ComfyServer
-from tools.comfyui import ROOT, VERSIONS, comfy_path
-from tools.prompt_tools import attention_census, resized, workflow_api
+from tools.comfyui_setup.comfy_server import ComfyServer
+from tools.comfyui_setup.comfyui import ROOT, VERSIONS, comfy_path
+from tools.comfyui_setup.prompt_tools import attention_census, resized, workflow_api
 
-WRITE_WAN = ("import sys; from tools.comfyui import import_comfy; import_comfy(sys.argv[2]); "
-             "from tools.tiny_models import write_wan22_model_set; write_wan22_model_set(sys.argv[1] + '/models')")
+WRITE_WAN = ("import sys; from tools.comfyui_setup.comfyui import import_comfy; import_comfy(sys.argv[2]); "
+             "from tools.fixtures.tiny_models import write_wan22_model_set; "
+             "write_wan22_model_set(sys.argv[1] + '/models')")
 
 
 @pytest.fixture(scope="module", params=VERSIONS, ids=lambda v: f"comfyui-{v}")

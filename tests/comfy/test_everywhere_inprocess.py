@@ -1,7 +1,7 @@
 """Tiled Attention Everywhere (the process-wide mode) inside a real ComfyUI (0.33.0 in-process; 0.3.75 through
 tests/comfy/test_inprocess_on_oldest.py), on model code nobody here wrote: a tiny diffusers WanTransformer3DModel
-and WanVideoWrapper-style attention blocks (tools/wrapper_pack_standin), ComfyUI's global attention functions, the
-native Wan 2.2 model with Patch Attention, the UMT5 text encoder and the Wan 2.2 VAE.
+and WanVideoWrapper-style attention blocks (tools/fixtures/wrapper_pack_standin), ComfyUI's global attention functions,
+the native Wan 2.2 model with Patch Attention, the UMT5 text encoder and the Wan 2.2 VAE.
 
 Routed / total calls come from attention_core.patch.stats() of the pack as ComfyUI loads it; the stand-ins count
 their own attention calls (module forwards), independently of the pack. Outputs with the mode on are compared with
@@ -43,7 +43,7 @@ def ew(pack, monkeypatch):
 @pytest.fixture(scope="module")
 def standin(pack):
     require_comfy()
-    import tools.wrapper_pack_standin as s
+    import tools.fixtures.wrapper_pack_standin as s
     return s
 
 
@@ -53,7 +53,7 @@ def stats(path):
 
 def report(what, routed, total):
     """The measured routed / total calls of a code path (pytest -s shows them; the README's table)."""
-    from tools.comfyui import inprocess_version
+    from tools.comfyui_setup.comfyui import inprocess_version
     print(f"\nComfyUI {inprocess_version()}, {what}: {routed} of {total} attention calls routed")
 
 
@@ -220,7 +220,7 @@ def test_attention_memory_is_linear_in_tokens(ew, standin, monkeypatch):
     """Under torch's math SDPA (all the GPUs the pack is for have), the diffusers Wan holds the N x N scores of
     every head with the mode off; with it on its attention holds O(N). The engine's op is called directly so that
     LiveBytes sees its tiles."""
-    autograd = mod("attention_core.autograd")
+    autograd = mod("attention_core.kernel.autograd")
 
     def fwd_visible(*args):
         seed = args[4]
@@ -246,7 +246,7 @@ def test_attention_memory_is_linear_in_tokens(ew, standin, monkeypatch):
 
 @pytest.fixture(scope="module")
 def wan(tmp_path_factory, pack):
-    from tools.tiny_models import write_wan22_5b
+    from tools.fixtures.tiny_models import write_wan22_5b
     return load_tiny(tmp_path_factory, write_wan22_5b, "wan22_tiny.safetensors", "WAN22_T2V")
 
 
@@ -317,9 +317,9 @@ def test_text_encoder_and_vae_paths(pack, ew, tmp_path_factory, monkeypatch):
     import comfy.ldm.modules.diffusionmodules.model as vae_model
     import comfy.sd
     import comfy.utils
-    import tools.tiny_model_loaders  # noqa: F401 - the tiny sizes reach the stock loaders
+    import tools.fixtures.tiny_model_loaders  # noqa: F401 - the tiny sizes reach the stock loaders
     from attention_calls import count_comfy_attention
-    from tools.tiny_models import write_umt5, write_wan22_vae
+    from tools.fixtures.tiny_models import write_umt5, write_wan22_vae
     base = tmp_path_factory.mktemp("te_vae")
     clip = comfy.sd.load_clip(ckpt_paths=[write_umt5(str(base / "umt5.safetensors"))],
                               clip_type=comfy.sd.CLIPType.WAN)

@@ -36,7 +36,7 @@ def test_time_per_step_from_the_calibration(tmp_path, monkeypatch):
     """With this device's calibration file the report gives seconds per step for the pack and sub-quadratic,
     with the calibration's device and date; without one it says so and gives the command."""
     node = fit_node()
-    calibrate = importlib.import_module(PACK_NAME + ".attention_core.calibration")  # the copy the node imported
+    calibrate = importlib.import_module(PACK_NAME + ".attention_core.device.calibration")  # the copy the node imported
     path = str(tmp_path / "cal.json")
     monkeypatch.setattr(calibrate, "calibration_path", lambda device="cpu", dtype="fp32": path)
     text = node.execute(model="wan22-5b", width=832, height=480, frames=41, dtype="fp32", free_gb=8.0).result[0]
@@ -74,7 +74,7 @@ def test_blocks_times_fewer_blocks_and_defaults_to_all(tmp_path, monkeypatch):
     schema = node.define_schema()
     blocks = next(i for i in schema.inputs if i.id == "blocks")
     assert blocks.optional and blocks.default == 0 and blocks.min == 0 and blocks.max == 48 and blocks.tooltip
-    calibration = importlib.import_module(PACK_NAME + ".attention_core.calibration")
+    calibration = importlib.import_module(PACK_NAME + ".attention_core.device.calibration")
     path = str(tmp_path / "cal.json")
     monkeypatch.setattr(calibration, "calibration_path", lambda device="cpu", dtype="fp32": path)
     rates = [{"tokens": 1024, "gflops": 50.0}, {"tokens": 4096, "gflops": 60.0}]

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from comfy_harness import missing
-from tools.comfyui import INPROCESS_ENV, OLDEST, ROOT, comfy_path, inprocess_version
+from tools.comfyui_setup.comfyui import INPROCESS_ENV, OLDEST, ROOT, comfy_path, inprocess_version
 
 TESTS = os.path.join(ROOT, "tests")
 

@@ -1,10 +1,10 @@
 """The three bundled LTX-2.3 workflows end to end in the real stock ComfyUI 0.33.0 (the first stock version with the
 LTX-2.3 model code): converted by tools/workflow_api.py, shrunk in size only (stage 1 at about 128x96, 9 frames,
 2 + 3 steps), queued through /prompt with tiny random-weight LTX-2.3 files under the names the workflows load
-(tools/tiny_models_ltx23.py). Each writes an mp4 with an audio track; the final video and audio latents with Patch
-Attention agree with the same prompt without it (ComfyUI's own fp32 attention); the test shim's attention census
-shows the pack's engine computed every DiT attention (video self, audio self, text cross for both, audio<->video
-cross) in both stages, stage 2 after the distilled LoRA, and none of them reached ComfyUI's own attention.
+(tools/fixtures/tiny_models_ltx23.py). Each writes an mp4 with an audio track; the final video and audio latents with
+Patch Attention agree with the same prompt without it (ComfyUI's own fp32 attention); the test shim's attention census
+shows the pack's engine computed every DiT attention (video self, audio self, text cross for both, audio<->video cross)
+in both stages, stage 2 after the distilled LoRA, and none of them reached ComfyUI's own attention.
 A prompt with the engine broken on purpose (uniform attention, heads rotated) must miss the bound by orders of
 magnitude: the tiny models' attention is sharp (q/k norm gain 2: score std about 4) so outputs depend on it. (No
 attention call of these workflows reaches the engine with a mask: the text padding is stripped and the connectors
@@ -20,10 +20,10 @@ import pytest
 import torch
 
 from comfy_harness import missing
-from tools.comfyui import LATEST, ROOT, comfy_path
-from tools.comfy_server import ComfyServer
-from tools.prompt_tools import (attention_census, output_files, resized, with_final_latents, without_patch,
-                                workflow_api)
+from tools.comfyui_setup.comfyui import LATEST, ROOT, comfy_path
+from tools.comfyui_setup.comfy_server import ComfyServer
+from tools.comfyui_setup.prompt_tools import (attention_census, output_files, resized, with_final_latents,
+                                              without_patch, workflow_api)
 
 # stage-1 size per workflow: different sizes keep ComfyUI's node cache from reusing one workflow's samples in another
 WORKFLOWS = {"ltx23_22b_t2v_av_720p": (128, 96), "ltx23_22b_t2v_av_1080p": (160, 96),
@@ -54,9 +54,9 @@ def server(tmp_path_factory):
             missing(f"workflows/{name}.json not present")
     base = tmp_path_factory.mktemp("comfy_ltx23")
     # written in a child process: it imports ComfyUI 0.33.0, whatever ComfyUI this test process imported
-    made = subprocess.run([sys.executable, "-m", "tools.tiny_models_ltx23", str(base / "models"),
+    made = subprocess.run([sys.executable, "-m", "tools.fixtures.tiny_models_ltx23", str(base / "models"),
                            str(base / "input")], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert made.returncode == 0, f"tools/tiny_models_ltx23.py failed:\n{made.stderr[-3000:]}"
+    assert made.returncode == 0, f"tools/fixtures/tiny_models_ltx23.py failed:\n{made.stderr[-3000:]}"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TILED_ATTENTION_TEST_CENSUS", "1")
         mp.delenv("TILED_ATTENTION_TEST_BREAK", raising=False)
@@ -105,7 +105,7 @@ class Runs:
                 extra = None if variant == "patched" else {"tiled_attention_test_break": variant}
             pid, entry = self.server.queue_prompt(with_final_latents(p, tag), extra)
             census = attention_census(self.server.log()).get(pid)
-            assert census is not None, "no [attention-census] line: is tools/tiny_model_loaders loaded?"
+            assert census is not None, "no [attention-census] line: is tools/fixtures/tiny_model_loaders loaded?"
             self.done[key] = {"entry": entry, "latents": latents(self.server, entry), "census": census}
         return self.done[key]
 

@@ -30,8 +30,8 @@ from importlib.metadata import PackageNotFoundError, version
 import pytest
 
 from comfy_harness import missing
-from tools.comfyui import LATEST, ROOT, comfy_path
-from tools.comfy_server import ComfyServer
+from tools.comfyui_setup.comfyui import LATEST, ROOT, comfy_path
+from tools.comfyui_setup.comfy_server import ComfyServer
 
 FOLDER = "tiled-attention"  # the folder name the Manager derives from .../tiled-attention.git
 PACK_NODES = ("TiledAttentionPatch", "TiledFFNChunking", "TiledAttentionInfo")

@@ -6,7 +6,7 @@ import os
 import re
 import tomllib
 
-from tools.comfyui import ROOT
+from tools.comfyui_setup.comfyui import ROOT
 
 # comfy-cli 1.23.0, registry/config_parser.py: validate_and_extract_accelerator_classifiers / _os_classifiers
 REGISTRY_ACCELERATORS = {"GPU :: NVIDIA CUDA", "GPU :: AMD ROCm", "GPU :: Intel Arc", "NPU :: Huawei Ascend",

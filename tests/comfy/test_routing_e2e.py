@@ -2,8 +2,8 @@
 text-to-video workflow in ComfyUI 0.33.0 (Gemma 3, the text connectors, the DiT; the LTX video VAE has no attention)
 and the tiny Wan 2.2 workflow in the in-process test version (UMT5, the DiT, the VAE), each run with all of the
 pack's nodes off and then on (mode chunked, min_tokens 0). The test shim's census
-(tools/tiny_model_loaders/attention_census.py) counts calls that reached ComfyUI's own attention functions or torch's
-SDPA and calls the engine computed; outputs with the pack agree with the run without it."""
+(tools/fixtures/tiny_model_loaders/attention_census.py) counts calls that reached ComfyUI's own attention functions or
+torch's SDPA and calls the engine computed; outputs with the pack agree with the run without it."""
 import json
 import os
 import subprocess
@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from comfy_harness import missing
-from tools.comfyui import LATEST, ROOT, comfy_path, inprocess_version
-from tools.comfy_server import ComfyServer
-from tools.prompt_tools import attention_census, output_files, resized, with_final_latents, workflow_api
+from tools.comfyui_setup.comfyui import LATEST, ROOT, comfy_path, inprocess_version
+from tools.comfyui_setup.comfy_server import ComfyServer
+from tools.comfyui_setup.prompt_tools import attention_census, output_files, resized, with_final_latents, workflow_api
 
 PACK_NODES = ("TiledAttentionPatch", "TiledAttentionPatchCLIP", "TiledAttentionPatchVAE")
 
@@ -52,16 +52,17 @@ def start(tmp_path_factory, version, write):
         return ComfyServer(base, version=version).start()
 
 
-WRITE_LTX = ("import sys; from tools.tiny_models_ltx23 import main; "
+WRITE_LTX = ("import sys; from tools.fixtures.tiny_models_ltx23 import main; "
              "main(['tiny_models_ltx23', sys.argv[1] + '/models', sys.argv[1] + '/input'])")
-WRITE_WAN = ("import sys; from tools.comfyui import import_comfy; import_comfy(sys.argv[2]); "
-             "from tools.tiny_models import write_wan22_model_set; write_wan22_model_set(sys.argv[1] + '/models')")
+WRITE_WAN = ("import sys; from tools.comfyui_setup.comfyui import import_comfy; import_comfy(sys.argv[2]); "
+             "from tools.fixtures.tiny_models import write_wan22_model_set; "
+             "write_wan22_model_set(sys.argv[1] + '/models')")
 
 
 @pytest.fixture(scope="module")
 def ltx_server(tmp_path_factory):
-    if not os.path.exists(os.path.join(ROOT, "tools", "tiny_models_ltx23.py")):
-        missing("tools/tiny_models_ltx23.py (the tiny LTX-2.3 writers) is absent")
+    if not os.path.exists(os.path.join(ROOT, "tools", "fixtures", "tiny_models_ltx23.py")):
+        missing("tools/fixtures/tiny_models_ltx23.py (the tiny LTX-2.3 writers) is absent")
     server = start(tmp_path_factory, LATEST, WRITE_LTX)
     yield server
     server.stop()

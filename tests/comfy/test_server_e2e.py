@@ -2,7 +2,7 @@
 /object_info, and the bundled Wan 2.2 workflow (converted by tools/workflow_api.py) queued through /prompt with tiny
 random-weight models of the real architectures. The same prompt without Patch Attention gives the same latents.
 
-The tiny DiT's attention is sharp (tools.tiny_models: qk_gain), so its sampled latents depend strongly on it:
+The tiny DiT's attention is sharp (tools.fixtures.tiny_models: qk_gain), so its sampled latents depend strongly on it:
 replacing attention by uniform weights moves them by about half their standard deviation, while the pack and
 ComfyUI's own attention agree to fp32 rounding. The comparison is on the saved latents, not on the 8-bit frames of
 the tiny VAE (which are near-flat grey)."""
@@ -14,9 +14,9 @@ import pytest
 from PIL import Image
 
 from comfy_harness import missing, require_comfy
-from tools.comfy_server import ComfyServer
-from tools.comfyui import ROOT, VERSIONS, comfy_path
-from tools.prompt_tools import output_files, resized, saved_latents, without_patch, workflow_api
+from tools.comfyui_setup.comfy_server import ComfyServer
+from tools.comfyui_setup.comfyui import ROOT, VERSIONS, comfy_path
+from tools.comfyui_setup.prompt_tools import output_files, resized, saved_latents, without_patch, workflow_api
 
 WAN_T2V = os.path.join(ROOT, "workflows", "wan22_5b_t2v_480p.json")
 # fp32 agreement bound for the final latents, relative to their largest magnitude: the pack and ComfyUI's attention
@@ -31,7 +31,7 @@ def server(request, tmp_path_factory):
         missing(f"ComfyUI {version} is not set up: run ./dev test")
     base = tmp_path_factory.mktemp(f"comfy-{version}")
     require_comfy()  # the writers build the real model classes of the in-process ComfyUI
-    from tools.tiny_models import write_wan22_model_set
+    from tools.fixtures.tiny_models import write_wan22_model_set
     write_wan22_model_set(str(base / "models"))
     srv = ComfyServer(base, version=version)
     srv.start()

@@ -1,7 +1,7 @@
 """Fixtures shared by the engine tests.
 
 Nothing from attention_core is imported at this module's top: pytest loads conftest files before plugins start
-(tools/mutate.py's coverage run among them), and a module imported here would have its import-time lines (the
+(tools/mutation/mutate.py's coverage run among them), and a module imported here would have its import-time lines (the
 constants) attributed to no test at all."""
 import sys
 
@@ -12,7 +12,7 @@ import pytest
 def profdir(tmp_path, monkeypatch):
     """An empty per-user profile folder (tmp_path) as outside ComfyUI: no ComfyUI user folder, no
     TILED_ATTENTION_PROFILES / TILED_ATTENTION_LAYOUT switches, no cached profile before or after the test."""
-    from attention_core import profiles
+    from attention_core.device import profiles
     monkeypatch.delitem(sys.modules, "folder_paths", raising=False)  # not inside ComfyUI
     monkeypatch.setenv(profiles.ENV_DIR, str(tmp_path))
     monkeypatch.delenv(profiles.ENV_SWITCH, raising=False)
@@ -24,10 +24,10 @@ def profdir(tmp_path, monkeypatch):
 
 @pytest.fixture(autouse=True)
 def quiet_machine(monkeypatch):
-    """Other processes' runnable threads as attention_core.machine_load reads them: none, in every engine test, so
-    that `tune`, `calibrate` and `bench` save whatever else runs on the machine; the busy-machine refusals are
-    tested with readings of their own (tests/engine/test_machine_load.py)."""
-    from attention_core import machine_load
+    """Other processes' runnable threads as attention_core.device.machine_load reads them: none, in every engine test,
+    so that `tune`, `calibrate` and `bench` save whatever else runs on the machine; the busy-machine refusals are tested
+    with readings of their own (tests/engine/test_machine_load.py)."""
+    from attention_core.device import machine_load
     monkeypatch.setattr(machine_load, "others_runnable", lambda pids=None, proc=None: 0)
 
 

@@ -1,4 +1,4 @@
-"""attention_core.calibrate (`python -m attention_core.calibrate`: measured rates) and attention_core.calibration
+"""attention_core.calibrate (`python -m attention_core.calibrate`: measured rates) and attention_core.device.calibration
 (where the file lives, what a usable one holds, the messages for a bad one).
 
 Measuring on real model shapes takes tens of seconds, so `measure` runs here on a made-up tiny model with the
@@ -14,7 +14,8 @@ import types
 import pytest
 import torch
 
-from attention_core import bench, calibrate, calibration, cli_args, plan, profiles
+from attention_core import bench, calibrate, cli_args, plan
+from attention_core.device import calibration, profiles
 
 
 def _calib():
@@ -160,7 +161,7 @@ def test_interleaved_rounds_alternate_the_methods_and_keep_each_ones_median(monk
     """Each function warmed up once, then `rounds` rounds of one call each in order (a, b, a, b, ...), so a load
     that comes and goes hits both; each keeps the median of its rounds, and with a monitor each call runs in its
     own span (the readings of all its rounds in one figure)."""
-    from attention_core import machine_load
+    from attention_core.device import machine_load
     clock = iter([0.0, 1.0, 1.0, 5.0, 5.0, 8.0, 8.0, 9.0, 9.0, 11.0, 11.0, 20.0])  # a: 1, 3, 2; b: 4, 1, 9
     monkeypatch.setattr(calibrate, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
     calls = []

@@ -12,7 +12,8 @@ import sys
 import pytest
 import torch
 
-from attention_core import bench, plan, profiles, selfcheck, tune
+from attention_core import bench, plan, selfcheck, tune
+from attention_core.device import profiles
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # a GPU this torch cannot use: "cuda" without GPUs, else one index past the last
@@ -171,8 +172,9 @@ PREDICT_CASES = [(["--blocks", "0"], "--blocks", "from 1 to 30"), (["--tokens", 
 
 @pytest.mark.parametrize("argv,flag,word", PREDICT_CASES, ids=[" ".join(c[0]) for c in PREDICT_CASES])
 def test_predict_step_bad_input(argv, flag, word, capsys, tmp_path):
-    """The predicted-vs-measured tool (tools/predict_step.py) answers like the engine's CLIs, before any work."""
-    from tools import predict_step
+    """The predicted-vs-measured tool (tools/measure/predict_step.py) answers like the engine's CLIs, before any
+    work."""
+    from tools.measure import predict_step
     (tmp_path / "garbage.json").write_text("{not json")
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     assert_one_line_error(*run_main(predict_step.main, argv + ["--methods", "pack"] * ("--methods" not in argv),

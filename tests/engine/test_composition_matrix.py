@@ -235,8 +235,8 @@ def worker(rank, init, out_path):
 
 class Matrix:
     """The cells, each computed when first asked for: a local cell in this process (so that coverage, and with it
-    tools/mutate.py, sees which test runs which line), the distributed ones by the gloo world, which starts with the
-    first cell and runs alongside the local ones."""
+    tools/mutation/mutate.py, sees which test runs which line), the distributed ones by the gloo world, which starts
+    with the first cell and runs alongside the local ones."""
 
     def __init__(self, tmp):
         self.tmp, self.cells = tmp, {}

@@ -5,9 +5,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import attention_core.detection as detect_mod
+import attention_core.device.detection as detect_mod
 from attention_core import detect
-from attention_core.detection import report_from_properties
+from attention_core.device.detection import report_from_properties
 
 
 @pytest.mark.parametrize("arch,fused,needs,bf16", [

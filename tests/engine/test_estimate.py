@@ -12,7 +12,8 @@ import threading
 
 import pytest
 
-from attention_core import calibration as calibrate, estimate, plan
+from attention_core.device import calibration as calibrate
+from attention_core import estimate, plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -4,7 +4,7 @@ import copy
 import pytest
 import torch
 
-import attention_core.ffn as ffn_mod
+import attention_core.ffn.chunking as chunking_mod
 from attention_core import ChunkedFFN, chunk_ffn, unchunk_ffn
 
 
@@ -201,7 +201,7 @@ def test_calls_chunking_cannot_represent_run_plain(case):
 
 
 def test_chunk_ffn_auto_count_from_memory(monkeypatch):
-    monkeypatch.setattr(ffn_mod, "free_memory", lambda d: 1 << 20)
+    monkeypatch.setattr(chunking_mod, "free_memory", lambda d: 1 << 20)
     ffn = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.GELU(), torch.nn.Linear(128, 32))
     w = chunk_ffn(ffn, chunks=0)
     x = torch.randn(1, 4096, 32)
@@ -242,7 +242,7 @@ def test_the_second_partition_cuts_inside_every_piece_of_the_first(n, p_sizes):
     if the second cuts that piece (a module that mixes tokens gives different outputs then)."""
     from itertools import accumulate
 
-    from attention_core.ffn import _pieces_q
+    from attention_core.ffn.exactness import _pieces_q
     q_sizes = _pieces_q(n, p_sizes)
     assert sum(q_sizes) == n and all(s > 0 for s in q_sizes)
     q_cuts = set(accumulate(q_sizes[:-1]))

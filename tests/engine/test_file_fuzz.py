@@ -30,7 +30,8 @@ import threading
 import pytest
 import torch
 
-from attention_core import calibration, estimate, jsonfile, plan, profiles
+from attention_core.device import calibration, jsonfile, profiles
+from attention_core import estimate, plan
 from attention_core import scaled_dot_product_attention as sdpa
 from reference import math_sdpa
 

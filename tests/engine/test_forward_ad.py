@@ -189,7 +189,7 @@ def test_float32_tangent_close_to_float64():
 
 def test_raw_forward_op_refuses_forward_mode():
     """ops.attention_forward has no autograd: a dual tensor gets a clear error, not a missing tangent."""
-    from attention_core.ops import attention_forward
+    from attention_core.kernel.ops import attention_forward
     q, k, v, mask, kw, tangents = case("plain")
     with fwAD.dual_level(), pytest.raises(RuntimeError, match="forward-mode AD.*return_lse=True"):
         attention_forward(fwAD.make_dual(q, tangents[0]), k, v)

@@ -1,10 +1,10 @@
-"""attention_core.jsonfile: atomic writes with unique temporary names, validated reads that never raise and warn
+"""attention_core.device.jsonfile: atomic writes with unique temporary names, validated reads that never raise and warn
 once per version of a bad file."""
 import json
 import logging
 import os
 
-from attention_core import jsonfile
+from attention_core.device import jsonfile
 
 
 def _ok(obj):
@@ -45,7 +45,7 @@ def test_bad_files_give_none_and_one_warning_per_version(tmp_path, caplog):
         with open(path, "w", encoding="latin-1") as f:
             f.write(text)
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="attention_core.jsonfile"):
+        with caplog.at_level(logging.WARNING, logger="attention_core.device.jsonfile"):
             for _ in range(3):
                 assert jsonfile.load_json_validated(path, _ok, cache, what="test file") is None
         assert len(caplog.records) == 1 and path in caplog.records[0].getMessage(), text
@@ -59,6 +59,6 @@ def test_a_validator_that_raises_does_not_crash_the_reader(tmp_path, caplog):
 
     def broken(obj):
         raise KeyError("boom")
-    with caplog.at_level(logging.WARNING, logger="attention_core.jsonfile"):
+    with caplog.at_level(logging.WARNING, logger="attention_core.device.jsonfile"):
         assert jsonfile.load_json_validated(path, broken) is None
     assert len(caplog.records) == 1

@@ -1,13 +1,14 @@
-"""attention_core.machine_load (other processes' runnable threads while something is timed) and the guard it gives
-bench, tune, calibrate and tools.predict_step: every figure names its load, and on a busy machine nothing is saved
-unless --force-busy (then the file records the load). The readings are faked here (a /proc folder written by the
-test, or a stand-in reading function): no test depends on what else runs on the machine."""
+"""attention_core.device.machine_load (other processes' runnable threads while something is timed) and the guard it
+gives bench, tune, calibrate and tools.measure.predict_step: every figure names its load, and on a busy machine nothing
+is saved unless --force-busy (then the file records the load). The readings are faked here (a /proc folder written by
+the test, or a stand-in reading function): no test depends on what else runs on the machine."""
 import json
 import os
 
 import pytest
 
-from attention_core import bench, calibrate, calibration, machine_load, profiles, tune
+from attention_core import bench, calibrate, tune
+from attention_core.device import calibration, machine_load, profiles
 
 CORES = os.cpu_count() or 1
 
@@ -199,7 +200,7 @@ def test_bench_refuses_json_measured_busy(tmp_path, monkeypatch, capsys):
 def test_predict_step_refuses_to_log_a_busy_measurement(tmp_path, monkeypatch, capsys):
     import torch
 
-    from tools import predict_step
+    from tools.measure import predict_step
 
     class Block(torch.nn.Module):  # a stand-in block: the guard, not the model, is under test
         def forward(self, x, context, e, attention):

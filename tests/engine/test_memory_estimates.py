@@ -9,7 +9,7 @@ copies). Bound: real <= estimate + 0.25 (per-row vectors: row max, sum, output r
 import pytest
 import torch
 
-from attention_core import memory, ops
+from attention_core.kernel import memory, ops
 from live_bytes import peak_bytes
 
 N, E, H = 2048, 8, 2

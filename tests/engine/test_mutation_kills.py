@@ -167,7 +167,7 @@ def test_patched_inside_enable_leaves_the_global_patch_on(monkeypatch):
 @pytest.mark.parametrize("device_type", ["cuda", "mps", "xpu", "cpu"])
 def test_release_cached_empties_only_that_backends_cache(monkeypatch, device_type):
     """Before a retry the allocator of the failing device, and only that one, gives its cached blocks back."""
-    from attention_core.oom import release_cached
+    from attention_core.kernel.oom import release_cached
     import types
     emptied = []
     for backend in ("cuda", "mps", "xpu"):
@@ -179,7 +179,7 @@ def test_release_cached_empties_only_that_backends_cache(monkeypatch, device_typ
 
 def test_is_oom_tells_memory_errors_from_the_rest():
     from attention_core import AttentionMemoryError
-    from attention_core.oom import is_oom
+    from attention_core.kernel.oom import is_oom
     assert is_oom(torch.OutOfMemoryError("CUDA out of memory"))
     assert is_oom(MemoryError())
     assert is_oom(RuntimeError("HIP out of memory. Tried to allocate 1.00 GiB"))
@@ -215,9 +215,9 @@ def test_dropout_bits_differ_between_every_row_head_and_batch(tier):
 def test_online_key_tiles_halve_from_the_default_to_the_largest_that_fits():
     """Under a tight budget the online tier's key tile is the default halved until it fits: a power-of-two
     fraction of it, and twice that would not have fitted."""
-    from attention_core.memory import plan_forward
-    from attention_core.numerics import choose_numerics
-    from attention_core.problem import normalize
+    from attention_core.kernel.memory import plan_forward
+    from attention_core.kernel.numerics import choose_numerics
+    from attention_core.kernel.problem import normalize
     q = torch.randn(1, 2, 64, 16)
     k = torch.randn(1, 2, 4096, 16)
     p = normalize(q, k, k)
@@ -239,7 +239,7 @@ def test_online_key_tiles_halve_from_the_default_to_the_largest_that_fits():
 def test_a_mask_without_batch_dims_is_never_copied_per_batch(mask_shape):
     """A mask that broadcasts over the batch stays one view of the caller's tensor (B = 3 copies of a
     long-sequence mask would cost as much as the scores the tiles avoid), and the result still matches torch."""
-    from attention_core.problem import normalize
+    from attention_core.kernel.problem import normalize
     torch.manual_seed(9)
     q, k, v = torch.randn(3, 4, 7, 8), torch.randn(3, 4, 9, 8), torch.randn(3, 4, 9, 8)
     mask = torch.randn(*mask_shape)
@@ -252,9 +252,9 @@ def test_a_mask_without_batch_dims_is_never_copied_per_batch(mask_shape):
 def test_ample_budget_gives_tall_tiles_in_multiples_of_16(tier):
     """With memory to spare a tile takes every query row up to the target size, rounded down to a multiple of 16
     rows once it is 64 or more (GEMM-friendly): never a sliver of a few rows."""
-    from attention_core.memory import plan_forward
-    from attention_core.numerics import choose_numerics
-    from attention_core.problem import normalize
+    from attention_core.kernel.memory import plan_forward
+    from attention_core.kernel.numerics import choose_numerics
+    from attention_core.kernel.problem import normalize
     q, k = torch.randn(1, 2, 1000, 16), torch.randn(1, 2, 256, 16)
     p = normalize(q, k, k)
     plan = plan_forward(p, choose_numerics(q.dtype, q.device), tier, 1 << 34)
@@ -278,7 +278,7 @@ def test_dropout_bits_differ_between_the_query_heads_of_a_gqa_group(tier):
 def test_fp16_guard_recomputes_only_the_query_tiles_that_could_overflow(monkeypatch):
     """With one query tile of huge rows the whole call is not fp16-safe, but the guard decides per tile: that
     tile's scores run in fp32, every other tile stays in fp16 (the point of a per-tile bound: speed and memory)."""
-    from attention_core.tiles import TileSource
+    from attention_core.kernel.tiles import TileSource
     torch.manual_seed(3)
     q = torch.randn(1, 1, 64, 16)
     q[:, :, :16] *= 12000.0  # |q| ~ 48000: |q| * scale * max|k| passes 32752
@@ -298,7 +298,7 @@ def test_fp16_guard_recomputes_only_the_query_tiles_that_could_overflow(monkeypa
 def test_dropout_bits_for_a_seed_are_stable_across_releases():
     """The counter-based dropout hash is part of the contract: the same seed gives the same mask in every release
     (a training run resumed on a newer pack sees the same dropout). Pinned: seed 1234, p = 0.5, 4 x 16 bits."""
-    from attention_core.numerics import dropout_keep
+    from attention_core.kernel.numerics import dropout_keep
     rows = torch.arange(4).view(-1, 1)
     cols = torch.arange(16).view(1, -1)
     bits = dropout_keep(1234, 0.5, torch.zeros(1, dtype=torch.int64), rows, cols, 4, 16)
@@ -316,8 +316,9 @@ def test_one_dimensional_inputs_get_the_engines_error():
 def test_ffn_auto_chunks_assume_4_gib_when_free_memory_is_unknown(monkeypatch):
     """Where the device reports no free memory, FFN Chunking's auto count sizes the activation against 4 GiB."""
     import attention_core.ffn as ffn
-    monkeypatch.setattr(ffn, "free_memory", lambda device: None)
+    import attention_core.ffn.chunking as chunking
+    monkeypatch.setattr(chunking, "free_memory", lambda device: None)
     wrapper = ffn.ChunkedFFN(lambda x: x, chunks=0, hidden=4096)
     x = torch.empty(1, 65536, 8)  # activation 2 * 65536 * 4096 * 4 bytes = 2 GiB
-    expected = max(1, min(65536, math.ceil(2 * 65536 * 4096 * 4 / max(1, (4 << 30) * ffn.AUTO_SHARE))))
+    expected = max(1, min(65536, math.ceil(2 * 65536 * 4096 * 4 / max(1, (4 << 30) * chunking.AUTO_SHARE))))
     assert wrapper.chunk_count(x) == expected > 1

@@ -14,7 +14,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attention_core import TIER_CHOICES, chunk_ffn, ops, plan, profiles
+from attention_core import TIER_CHOICES, chunk_ffn, plan
+from attention_core.kernel import ops
+from attention_core.device import profiles
 from attention_core import scaled_dot_product_attention as sdpa
 from live_bytes import peak_bytes
 
@@ -67,7 +69,7 @@ def test_a_tuned_tile_over_the_budget_for_all_batch_rows_is_not_taken(profdir, m
 def test_a_tuned_tile_is_taken_exactly_when_it_fits_for_all_batch_rows(profdir, monkeypatch):
     """B = 2, G = 3 (6 query rows of each kv head per tile row, a count no other combination of 2 and 3 gives):
     at a budget of exactly the tuned tile for 6 rows the profile's tile runs; one byte less, the engine's own."""
-    from attention_core import driver
+    from attention_core.kernel import driver
     B, G, Hkv, L, D = 2, 3, 4, 256, 8
     entry = {"tier": "chunked", "dtype": "float32", "heads": Hkv, "dim": D, "n": L, "rows_timed": L,
              "block_q": 32, "block_kv": L, "heads_per_group": 2, "ms": 1.0, "untuned_ms": 2.0, "use": True}
@@ -91,7 +93,7 @@ def test_a_tuned_tile_is_taken_exactly_when_it_fits_for_all_batch_rows(profdir, 
     assert seen and (2, 32, L) not in seen
 
 
-# ---- ffn.py: the hidden width and the shape of the pieces' outputs ---------------------------------------------
+# ---- ffn/: the hidden width and the shape of the pieces' outputs ---------------------------------------------
 
 class Gate(torch.nn.Module):
     """Token-wise, no Linear inside: the hidden width is unknown."""
@@ -113,18 +115,18 @@ class QuantLinear(torch.nn.Module):
 def test_a_module_without_linear_has_no_hidden_width_and_auto_chunks_assume_4x(monkeypatch):
     """hidden_features: the widest Linear or linear-like layer (out_features), 0 without one; FFN Chunking's auto
     count then assumes a 4 x width activation."""
-    import attention_core.ffn as ffn
-    assert ffn.hidden_features(Gate()) == 0
-    assert ffn.hidden_features(torch.nn.Sequential(torch.nn.Linear(8, 48), torch.nn.GELU(),
-                                                   torch.nn.Linear(48, 8))) == 48
-    assert ffn.hidden_features(torch.nn.Sequential(QuantLinear(8, 96), torch.nn.GELU(),
-                                                   torch.nn.Linear(96, 8))) == 96
-    monkeypatch.setattr(ffn, "free_memory", lambda device: 1 << 20)
+    import attention_core.ffn.chunking as chunking
+    assert chunking.hidden_features(Gate()) == 0
+    assert chunking.hidden_features(torch.nn.Sequential(torch.nn.Linear(8, 48), torch.nn.GELU(),
+                                                        torch.nn.Linear(48, 8))) == 48
+    assert chunking.hidden_features(torch.nn.Sequential(QuantLinear(8, 96), torch.nn.GELU(),
+                                                        torch.nn.Linear(96, 8))) == 96
+    monkeypatch.setattr(chunking, "free_memory", lambda device: 1 << 20)
     w = chunk_ffn(Gate(), chunks=0)
     assert w.hidden == 0
     x = torch.empty(2, 1000, 24)
     # 2 (pre- and post-activation) x 2000 tokens x 96 hidden x 4 bytes against a quarter of 1 MiB
-    expected = math.ceil(2 * 2 * 1000 * 4 * 24 * 4 / ((1 << 20) * ffn.AUTO_SHARE))
+    expected = math.ceil(2 * 2 * 1000 * 4 * 24 * 4 / ((1 << 20) * chunking.AUTO_SHARE))
     assert w.chunk_count(x) == expected == 6
 
 

@@ -5,8 +5,8 @@ import torch
 
 from attention_core import AttentionMemoryError
 from attention_core import scaled_dot_product_attention as sdpa
-from attention_core.oom import is_oom
-from attention_core.tiers import TIERS
+from attention_core.kernel.oom import is_oom
+from attention_core.kernel.tiers import TIERS
 from reference import reference
 
 ROCM = ["HIP error: hipErrorOutOfMemory\nHIP kernel errors might be asynchronously reported",
@@ -70,6 +70,6 @@ def test_bad_memory_budget_is_a_value_error_naming_it(bad):
     q = torch.randn(1, 1, 4, 8)
     with pytest.raises(ValueError, match="memory_budget"):
         sdpa(q, q, q, memory_budget=bad)
-    from attention_core.ops import attention_forward
+    from attention_core.kernel.ops import attention_forward
     with pytest.raises(ValueError, match="memory_budget"):
         attention_forward(q, q, q, memory_budget=bad)

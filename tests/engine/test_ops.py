@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from attention_core import scaled_dot_product_attention as sdpa
-from attention_core.ops import attention_backward, attention_forward
+from attention_core.kernel.ops import attention_backward, attention_forward
 from reference import math_sdpa
 
 TIERS = ["chunked", "inplace", "online"]

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import zipfile
 
-from tools.comfyui import ROOT
+from tools.comfyui_setup.comfyui import ROOT
 
 CHECK = """
 import torch, attention_core

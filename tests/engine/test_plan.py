@@ -121,9 +121,9 @@ def test_pack_tile_is_the_tile_the_engine_plans(tier, heads, n, budget):
     same shape, dtype and budget on the CPU: the report describes what will run."""
     import torch
 
-    from attention_core.memory import plan_forward
-    from attention_core.numerics import choose_numerics
-    from attention_core.problem import normalize
+    from attention_core.kernel.memory import plan_forward
+    from attention_core.kernel.numerics import choose_numerics
+    from attention_core.kernel.problem import normalize
     q = torch.zeros(1, heads, n, 8)
     p = normalize(q, q, q, None, 0.0, False, None, False)
     engine = plan_forward(p, choose_numerics(p.dtype, p.device), tier, budget)
@@ -137,7 +137,7 @@ def test_pack_tile_is_the_tile_the_engine_plans(tier, heads, n, budget):
 
 def test_free_memory_unknown_is_read_as_4_gb(monkeypatch):
     """Where the device reports no free memory, the report assumes 4 GiB (and says where it looked)."""
-    import attention_core.memory as memory
+    import attention_core.kernel.memory as memory
     monkeypatch.setattr(memory, "free_memory", lambda dev: None)
     free, where = plan.detected_free()
     assert free == 4 * GB and where
@@ -416,7 +416,8 @@ def test_cli_steps(steps, ok, capsys):
 def test_time_report_reads_the_calibration_of_the_tiles_dtype(profdir, monkeypatch):
     """Without --calibration the time section reads this device's calibration for the tiles' compute dtype:
     --cpu (or a CPU-only machine) the CPU's fp32 one for fp16 inputs under auto; a GPU's fp16 one."""
-    from attention_core import calibration, cli_args
+    from attention_core.device import calibration
+    from attention_core import cli_args
     est = plan.estimate("wan22-5b", 832, 480, 41, free=8 * GB)
     cpu_path = calibration.calibration_path("cpu", "fp32")
     assert f"no calibration of this device at {cpu_path}" in plan.time_report(est, cpu=True)
@@ -460,7 +461,7 @@ def test_detected_free_memory_on_a_gpu(monkeypatch):
     """With a GPU, free memory is the first GPU's, named in the report."""
     import torch
 
-    import attention_core.memory as memory
+    import attention_core.kernel.memory as memory
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda dev=None: "Test Card 48GB")
     monkeypatch.setattr(memory, "free_memory", lambda dev: 7 * GB if dev.type == "cuda" else None)
@@ -483,7 +484,8 @@ def test_cli_blocks_times_a_step_of_that_many_blocks_and_each_block(tmp_path, ca
     """Issue 24.4: `--blocks 1` times a step of one block, to compare with `./dev demo` (one real-width block at
     832x480, 21 frames: 2,340 tokens, CFG); every method's line gives the time per step and per block. Without
     --blocks every layer runs, and the time per block is the same."""
-    from attention_core import calibration, estimate
+    from attention_core.device import calibration
+    from attention_core import estimate
     path = str(tmp_path / "cal.json")
     calib = {"version": 1, "device": "Test CPU", "dtype": "fp32", "date": "2026-12-01 12:00 UTC",
              "attention": {"pack": [{"tokens": 1024, "gflops": 40.0}, {"tokens": 4096, "gflops": 30.0}],

@@ -12,7 +12,8 @@ tiles are planned at 4 bytes a score for the overflow guard).
 import pytest
 import torch
 
-from attention_core import ops, plan
+from attention_core.kernel import ops
+from attention_core import plan
 from live_bytes import peak_bytes
 
 B, H, N, D = 1, 8, 1024, 64

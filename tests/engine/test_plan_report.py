@@ -6,7 +6,8 @@ each branch the example does not reach: the split refusal, the "no slicing" note
 lines, a run where nothing fits, the fp32 and contiguous-heads wording, and the command line's own lines."""
 import pytest
 
-from attention_core import memory, plan
+from attention_core.kernel import memory
+from attention_core import plan
 
 GB, MB = plan.GB, plan.MB
 NO_CAL = "/nonexistent/calibration.json"  # the time section then only says there is no calibration
@@ -101,7 +102,7 @@ def test_detected_free_memory_on_the_cpu(monkeypatch):
     """Without a GPU, free memory is the RAM available, and the report says so."""
     import torch
 
-    import attention_core.memory as memory
+    import attention_core.kernel.memory as memory
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(memory, "free_memory", lambda dev: 5 * GB if dev.type == "cpu" else None)
     assert plan.detected_free() == (5 * GB, "CPU RAM (available)")

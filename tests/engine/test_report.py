@@ -10,8 +10,9 @@ import sys
 import pytest
 import torch
 
-from attention_core import cli_args, profiles, report, selfcheck
-from attention_core.detection import detect
+from attention_core import cli_args, report, selfcheck
+from attention_core.device import profiles
+from attention_core.device.detection import detect
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TITLES = ["## Device and software", "## Detection", "## Self-check", "## Benchmark: Wan 2.2 5B 480p attention"]
@@ -465,7 +466,7 @@ def test_find_comfyui_prefers_the_configured_one(monkeypatch, tmp_path):
 @pytest.mark.parametrize("needs", [True, False])
 def test_the_detection_section_leads_with_the_verdict(monkeypatch, needs):
     import types
-    from attention_core import detection
+    from attention_core.device import detection
     r = types.SimpleNamespace(needs_tiled_attention=needs, reason="no fused kernel for gfx906",
                               text=lambda: "line 1\n```\nline 3\n")
     monkeypatch.setattr(detection, "detect", lambda device: r)

@@ -5,9 +5,10 @@ overrides it, and calls it does not apply to (mask, causal, dropout) run queries
 import pytest
 import torch
 
-from attention_core import profiles, tune
+from attention_core.device import profiles
+from attention_core import tune
 from attention_core import scaled_dot_product_attention as sdpa
-from attention_core.tiers import TIERS, chunked
+from attention_core.kernel.tiers import TIERS, chunked
 from reference import math_sdpa, reference, reference_grads
 
 
@@ -158,7 +159,7 @@ def test_tune_keeps_the_faster_layout_per_dtype(profdir, monkeypatch):
 
 def test_an_unknown_layout_override_warns_once(monkeypatch, caplog):
     import logging
-    from attention_core import profiles
+    from attention_core.device import profiles
     monkeypatch.setenv(profiles.ENV_LAYOUT, "colums")
     profiles._warned_layouts.discard("colums")
     with caplog.at_level(logging.WARNING):

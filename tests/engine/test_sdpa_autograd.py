@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from attention_core import scaled_dot_product_attention as sdpa
-from attention_core.numerics import dropout_keep
+from attention_core.kernel.numerics import dropout_keep
 from reference import f64, reference_grads
 
 TIERS = ["chunked", "inplace", "online"]

@@ -5,12 +5,13 @@ import pytest
 import torch
 
 import attention_core.sdpa as sdpa_mod
-from attention_core import AttentionMemoryError, memory
+from attention_core import AttentionMemoryError
+from attention_core.kernel import memory
 from attention_core import scaled_dot_product_attention as sdpa
-from attention_core.memory import free_memory, plan_forward, tile_budget
-from attention_core.numerics import choose_numerics
-from attention_core.problem import normalize
-from attention_core.tiers import TIERS
+from attention_core.kernel.memory import free_memory, plan_forward, tile_budget
+from attention_core.kernel.numerics import choose_numerics
+from attention_core.kernel.problem import normalize
+from attention_core.kernel.tiers import TIERS
 from reference import reference
 
 
@@ -99,7 +100,7 @@ def test_other_errors_are_not_swallowed(monkeypatch):
 
 
 def test_backward_retries_on_oom(monkeypatch):
-    import attention_core.driver as drv
+    import attention_core.kernel.driver as drv
     real, count = drv.backward_tiles, {"n": 0}
 
     def flaky(*args):
@@ -150,7 +151,7 @@ def test_free_memory_asks_each_backend_for_its_own_device_only(monkeypatch):
 def test_head_groups_exact_forward_backward_dropout(tier, monkeypatch):
     """Small tiles split the heads into groups: results, gradients (float masks per head, per batch, both, neither)
     and dropout bits are the same as one tile over all heads."""
-    import attention_core.memory as mem
+    import attention_core.kernel.memory as mem
     from reference import reference_grads
     torch.manual_seed(12)
     q, k, v = (torch.randn(2, 6, 40, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))

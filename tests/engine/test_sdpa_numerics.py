@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from attention_core import scaled_dot_product_attention as sdpa
-from attention_core.numerics import FTZ_THRESHOLD, choose_numerics
+from attention_core.kernel.numerics import FTZ_THRESHOLD, choose_numerics
 from reference import math_sdpa, reference
 
 TIERS = ["chunked", "inplace", "online"]
@@ -61,7 +61,7 @@ def test_flush_to_zero_makes_negligible_keys_weigh_nothing(tier):
 
 
 def test_flush_to_zero_threshold_is_exact_zero_below():
-    from attention_core.numerics import flush_to_zero_
+    from attention_core.kernel.numerics import flush_to_zero_
     s = torch.tensor([0.0, -19.99, -20.0, -20.01, -1e4, float("nan")])
     w = flush_to_zero_(s.clone()).exp()
     assert w[1] > 0 and w[3] == 0 and w[4] == 0 and torch.isnan(w[5])
@@ -144,10 +144,10 @@ def test_the_fp16_backward_guard_counts_the_dropout_rescaling():
     """The backward's fp16 guard bounds the dV partial sums by rows x max|dO| / (1 - p): kept weights are scaled up
     by 1 / (1 - p). 64 rows x max|dO| 400 = 25,600 fits fp16's safe range (32,752) without dropout; with p = 0.5
     the bound is 51,200 and the backward must switch to fp32 (everything else here is tiny)."""
-    from attention_core.numerics import FP16_SAFE, choose_numerics
-    from attention_core.problem import normalize
-    from attention_core.tiers.backward import backward_dtype
-    from attention_core.tiles import TileSource
+    from attention_core.kernel.numerics import FP16_SAFE, choose_numerics
+    from attention_core.kernel.problem import normalize
+    from attention_core.kernel.tiers.backward import backward_dtype
+    from attention_core.kernel.tiles import TileSource
     q = torch.full((1, 1, 64, 16), 0.01, dtype=torch.float16)
     dout = torch.zeros(1, 1, 1, 64, 16, dtype=torch.float16)
     dout[..., 0, 0] = 400

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from attention_core import memory, ops
+from attention_core.kernel import memory, ops
 from live_bytes import peak_bytes
 
 MB = 1 << 20
@@ -95,8 +95,8 @@ def test_cpu_forward_tiles_of_128_dim_heads_have_no_head_cap():
     assert memory.tile_for(4096, 8, 1, 4, 1 << 40, 4096, "cpu", head_dim=65) == (256, 4096, 8)
     assert memory.tile_for(4096, 8, 1, 4, 1 << 40, 4096, "cpu") == (256, 4096, 8)
     assert memory.tile_for(4096, 8, 1, 4, 1 << 40, 4096, "cpu", head_dim=64) == (128, 4096, 8)
-    from attention_core.numerics import choose_numerics
-    from attention_core.problem import normalize
+    from attention_core.kernel.numerics import choose_numerics
+    from attention_core.kernel.problem import normalize
     for dim, rows in ((128, 256), (64, 128)):
         q = torch.zeros(1, 8, 4096, dim)
         p = normalize(q, q, q)

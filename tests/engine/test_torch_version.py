@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import attention_core
-from attention_core.torch_version import MIN_TORCH, TorchTooOld, parse, require_torch
+from attention_core.device.torch_version import MIN_TORCH, TorchTooOld, parse, require_torch
 
 ROOT = pathlib.Path(attention_core.__file__).parent.parent
 

@@ -8,7 +8,8 @@ import sys
 import pytest
 import torch
 
-from attention_core import cli_args, profiles, tune
+from attention_core import cli_args, tune
+from attention_core.device import profiles
 from reference import math_sdpa
 
 
@@ -105,7 +106,8 @@ def test_a_real_tuning_pass_saves_a_profile_the_planner_reads(profdir):
 def test_auto_runs_the_profiles_tile_within_the_budget(profdir, monkeypatch):
     """The planner's hook: tier auto takes the profile's tile (here 32 rows, 2 of 4 heads a group), forced
     blocks or TILED_ATTENTION_TUNE=off or a budget the tile exceeds leave the engine's own plan."""
-    from attention_core import driver, scaled_dot_product_attention
+    from attention_core.kernel import driver
+    from attention_core import scaled_dot_product_attention
     write([entry(heads=4, dim=32, n=256, block_q=32, block_kv=256, heads_per_group=2)])
     seen = []
     real = driver.TIERS["chunked"]
@@ -225,7 +227,7 @@ def test_tiles_stay_within_1_and_n_at_the_point_of_use(profdir, monkeypatch, tie
 
 _WRITER = r"""
 import importlib.util, sys, time
-# attention_core.jsonfile alone (what save_profile writes with), without importing torch: the writers start fast
+# attention_core.device.jsonfile alone (what save_profile writes with), without importing torch: the writers start fast
 spec = importlib.util.spec_from_file_location("jsonfile", sys.argv[1])
 jsonfile = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(jsonfile)
@@ -252,7 +254,7 @@ def test_concurrent_writers_never_collide_and_readers_always_see_a_valid_file(pr
     readers caught partial files. Four writer processes save for a second each (save_profile's writer,
     jsonfile.atomic_write_json) while this process keeps reading the file and loading the profile."""
     import subprocess
-    from attention_core import jsonfile
+    from attention_core.device import jsonfile
     path = profiles.profile_path("cpu")
     write([entry()])
     procs = [subprocess.Popen([sys.executable, "-c", _WRITER, jsonfile.__file__, path, "1.0", str(i)],
@@ -368,7 +370,7 @@ def test_a_profile_and_calibration_saved_from_a_shell_are_found_inside_comfyui(p
     user directory is read first, then that folder, so the shell's files are used; a file in the user directory
     takes precedence, and what ComfyUI saves goes to its user directory."""
     import types
-    from attention_core import calibration
+    from attention_core.device import calibration
     shell_saved = write([entry()])
     cal_name = os.path.basename(calibration.calibration_path("cpu", "fp32"))
     cal_shell = os.path.join(str(profdir), cal_name)
@@ -454,9 +456,9 @@ def test_the_engine_tile_tune_compares_against_is_the_one_the_engine_plans(tier,
     (memory.plan_forward) really takes for those rows at that budget, every tier (only online may shrink its key
     block to fit; with no tile fitting, the fallback is the whole shape). 480 KB: chunked and in-place do not fit
     8,192 keys, online does with a smaller key block; 100 KB: online only after halving its 1,024-key block."""
-    from attention_core.memory import plan_forward, tile_budget
-    from attention_core.numerics import choose_numerics
-    from attention_core.problem import normalize
+    from attention_core.kernel.memory import plan_forward, tile_budget
+    from attention_core.kernel.numerics import choose_numerics
+    from attention_core.kernel.problem import normalize
     heads, n, rows, dim = 4, 8192, 512, 64
     if budget is not None:
         monkeypatch.setattr(tune, "tile_budget", lambda device: budget)
@@ -617,9 +619,9 @@ def test_tune_cli_layouts_times_each_dtype_and_shape_and_saves_nothing(monkeypat
 def test_bytes_per_score_is_the_planners_for_every_tier_and_dtype():
     """The profile hook checks a tuned tile against the budget at the planner's own cost per score
     (memory.bytes_per_score): a different figure would take tiles the planner would refuse, or refuse good ones."""
-    from attention_core import memory
-    from attention_core.numerics import choose_numerics
-    from attention_core.problem import normalize
+    from attention_core.kernel import memory
+    from attention_core.kernel.numerics import choose_numerics
+    from attention_core.kernel.problem import normalize
     for dt in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
         q = torch.zeros(1, 2, 8, 4, dtype=dt)
         p = normalize(q, q, q)

@@ -1,12 +1,12 @@
-"""A real ComfyUI inside the test process (one version per process: tools.comfyui.inprocess_version()), and this
-pack loaded the way ComfyUI loads a custom node folder (a package under its own name)."""
+"""A real ComfyUI inside the test process (one version per process: tools.comfyui_setup.comfyui.inprocess_version()),
+and this pack loaded the way ComfyUI loads a custom node folder (a package under its own name)."""
 import importlib.util
 import os
 import sys
 
 import pytest
 
-from tools.comfyui import ROOT, comfy_path, import_comfy, inprocess_version
+from tools.comfyui_setup.comfyui import ROOT, comfy_path, import_comfy, inprocess_version
 
 PACK_NAME = "tiled_attention_pack"
 
@@ -42,9 +42,9 @@ def load_pack():
 
 
 def load_tiny(tmp_path_factory, writer, name, model_config, inference=False):
-    """A tiny model file written by `writer` (tools.tiny_models), loaded by ComfyUI's own loader and checked to be
-    detected as `model_config`; inference=True loads it under torch.inference_mode, as ComfyUI's executor runs
-    every node (its weights are then inference tensors)."""
+    """A tiny model file written by `writer` (tools.fixtures.tiny_models), loaded by ComfyUI's own loader and checked to
+    be detected as `model_config`; inference=True loads it under torch.inference_mode, as ComfyUI's executor runs every
+    node (its weights are then inference tensors)."""
     import contextlib
     import torch
     import comfy.sd

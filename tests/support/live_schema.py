@@ -1,5 +1,6 @@
 """The node schemas (/object_info) the workflow tests validate against: the live answer of a real ComfyUI server of
-each test version with this pack installed (tools/comfy_server.py), one server start per version per test session.
+each test version with this pack installed (tools/comfyui_setup/comfy_server.py), one server start per version per test
+session.
 
 When no server can start (no ComfyUI set up), the saved stock /object_info in ../shared/comfyui plus the pack's own
 schemas (the pack's V3 classes' GET_NODE_INFO_V1, asked of ComfyUI in a subprocess) stand in, with a warning; under
@@ -12,7 +13,7 @@ import sys
 import tempfile
 import warnings
 
-from tools.comfyui import ROOT, SHARED, comfy_path
+from tools.comfyui_setup.comfyui import ROOT, SHARED, comfy_path
 
 SHARED_COMFYUI = os.path.join(SHARED, "comfyui")
 SAVED = {"0.33.0": os.path.join(SHARED_COMFYUI, "object_info-0.33.0.json"),
@@ -31,7 +32,7 @@ def in_ci():
 
 def live_object_info(version):
     """/object_info of a real ComfyUI `version` with this pack loaded by ComfyUI's own loader."""
-    from tools.comfy_server import ComfyServer
+    from tools.comfyui_setup.comfy_server import ComfyServer
     with tempfile.TemporaryDirectory(prefix=f"object-info-{version}-") as base:
         with ComfyServer(base, version=version) as server:
             info = server.get("/object_info")

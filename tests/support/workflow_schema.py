@@ -15,7 +15,7 @@ import os
 import re
 
 from tools import workflow_api as wapi
-from tools.comfyui import ROOT, SHARED
+from tools.comfyui_setup.comfyui import ROOT, SHARED
 
 SHARED_COMFYUI = os.path.join(SHARED, "comfyui")
 OBJECT_INFO_NEW = os.path.join(SHARED_COMFYUI, "object_info-0.33.0.json")
