@@ -224,15 +224,16 @@ def comfy_split(bh: int, n: int, elem: int, free: int) -> dict:
 
 
 def pack_tile(tier: str, bh_kv: int, g: int, n: int, elem: int, budget: int, cpu: bool,
-              per: Optional[int] = None) -> Optional[dict]:
+              per: Optional[int] = None, head_dim: Optional[int] = None) -> Optional[dict]:
     """The tile the pack's planner takes for `tier` within `budget` bytes: attention_core.kernel.memory.tile_for, the
     engine's own rule (about TARGET_TILE_ELEMS scores, all heads when that leaves >= PREF_ROWS rows each, else
-    fewer heads); None when not even MIN_BLOCK rows fit."""
+    fewer heads; heads of `head_dim` <= HEAD_CAP_MAX_DIM dims capped per head); None when not even MIN_BLOCK rows
+    fit."""
     from .kernel.memory import ONLINE_BLOCK_KV, tile_for
     kind = "cpu" if cpu else "other"
     per = per or tier_bytes_per_score(tier, elem, cpu)
     bk = n if tier != "online" else min(n, ONLINE_BLOCK_KV[kind])
-    t = tile_for(n, bh_kv, g, per, budget, bk, kind, shrink_kv=tier == "online")
+    t = tile_for(n, bh_kv, g, per, budget, bk, kind, shrink_kv=tier == "online", head_dim=head_dim)
     if t is None:
         return None
     rows, bk, heads = t
@@ -295,7 +296,8 @@ def estimate(model: str, width: int, height: int, frames: int, free: int, dtype_
     compute = compute_dtype(dtype, cpu, precision)
     tiers = {}
     for t in TIERS:
-        tile = pack_tile(t, spec.heads, batch, n, e, budget, cpu, per=score_bytes(t, compute, cpu))
+        tile = pack_tile(t, spec.heads, batch, n, e, budget, cpu, per=score_bytes(t, compute, cpu),
+                         head_dim=spec.head_dim)
         tiers[t] = {"tile": tile, "floor": pack_floor(t, n, e, cpu)}
         if tile is not None:  # what the call holds beyond q, k, v and the output: K/V copies + tile (or guard)
             h = tile["heads"]

@@ -113,21 +113,24 @@ def test_cli(capsys):
         plan.main(["--model", "bogus", "--width", "1", "--height", "1", "--frames", "1"])
 
 
+@pytest.mark.parametrize("dim", [8, 128])
 @pytest.mark.parametrize("tier", ["chunked", "inplace", "online"])
 @pytest.mark.parametrize("heads,n,budget", [(24, 4290, 64 << 20), (24, 4290, 8 << 20), (24, 4290, 2 << 30),
-                                            (40, 3000, 16 << 20), (2, 500, 1 << 20), (3, 4290, 300 << 10)])
-def test_pack_tile_is_the_tile_the_engine_plans(tier, heads, n, budget):
+                                            (40, 3000, 16 << 20), (2, 500, 1 << 20), (3, 4290, 300 << 10),
+                                            (8, 4096, 1 << 30)])
+def test_pack_tile_is_the_tile_the_engine_plans(tier, heads, n, budget, dim):
     """The fit report's tile (plan.pack_tile) is the one the engine's planner (memory.plan_forward) takes for the
-    same shape, dtype and budget on the CPU: the report describes what will run."""
+    same shape, dtype and budget on the CPU: the report describes what will run (8 heads x 4,096 keys: the per-head
+    cap of heads of <= 64 dims halves the rows, 128-dim heads have none)."""
     import torch
 
     from attention_core.kernel.memory import plan_forward
     from attention_core.kernel.numerics import choose_numerics
     from attention_core.kernel.problem import normalize
-    q = torch.zeros(1, heads, n, 8)
+    q = torch.zeros(1, heads, n, dim)
     p = normalize(q, q, q, None, 0.0, False, None, False)
     engine = plan_forward(p, choose_numerics(p.dtype, p.device), tier, budget)
-    report = plan.pack_tile(tier, heads, 1, n, 4, budget, cpu=True)
+    report = plan.pack_tile(tier, heads, 1, n, 4, budget, cpu=True, head_dim=dim)
     if engine is None:
         assert report is None
     else:
