@@ -293,3 +293,68 @@ def test_tune_command_line_writes_the_profile_the_planner_reads(tmp_path):
     (path,) = tmp_path.glob("*.json")
     assert f"saved {path}" in proc.stdout
     _check_tiny_profile(path)
+
+
+# ---- the survivors of the engine draw of seed 131469 (issue 22.11) ----------------------------------------------
+
+def test_the_exactness_check_matches_infinities_of_either_sign_and_nans():
+    """ffn.exactness._close: the same +inf, -inf and nan in the same places are the same answer (non-finite
+    values compare by kind), a different kind or place is not."""
+    from attention_core.ffn.exactness import _close
+    a = torch.tensor([1.0, float("inf"), float("-inf"), float("nan"), 2.0])
+    assert _close(a, a.clone())
+    for i, other in ((1, float("-inf")), (2, float("inf")), (3, float("inf")), (1, float("nan"))):
+        b = a.clone()
+        b[i] = other
+        assert not _close(a, b), (i, other)
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2])
+def test_run_pieces_concatenates_along_any_token_axis(dim):
+    """ffn.chunking.run_pieces puts uneven pieces (4, 4, 2 tokens) back along the token axis, wherever it is; an
+    output whose other axes change from piece to piece cannot be chunked (None)."""
+    from attention_core.ffn.chunking import run_pieces
+    shape = [3, 5, 6]
+    shape[dim] = 10
+    x = torch.randn(*shape, 2)
+    torch.testing.assert_close(run_pieces(lambda t: t * 2, x, [4, 4, 2], dim, (), {}), x * 2, rtol=0, atol=0)
+    grows = iter(range(1, 10))
+
+    def ragged(t):  # the last axis (not the token axis) changes between pieces
+        return t[..., :1].expand(*t.shape[:-1], next(grows))
+    assert run_pieces(ragged, x, [4, 4, 2], dim, (), {}) is None
+
+
+def test_attention_forward_of_2d_inputs_returns_2d_out_and_1d_lse():
+    """ops.attention_forward on unbatched [L, E] inputs (as torch's SDPA takes them) returns out [L, Ev] and the
+    log-sum-exp [L], equal to torch's on the same inputs."""
+    torch.manual_seed(3)
+    q, k, v = torch.randn(6, 8, dtype=torch.float64), torch.randn(9, 8, dtype=torch.float64), \
+        torch.randn(9, 5, dtype=torch.float64)
+    out, lse = ops.attention_forward(q, k, v)
+    assert out.shape == (6, 5) and lse.shape == (6,)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q[None], k[None], v[None])[0])
+    torch.testing.assert_close(lse, torch.logsumexp(q @ k.T / math.sqrt(8), dim=-1))
+
+
+def test_fp16_backward_takes_fp32_when_dq_partial_sums_could_overflow():
+    """backward_dtype: half-precision backward GEMMs only while every partial sum stays inside fp16's range; the
+    dQ bound is 2 * max|dP row| * keys * max|k| * scale. One query row of tiny q against 1,024 keys with |k| = 10,
+    |dO| = |v| = sqrt(10) per row, scale 0.5: dQ's bound 2 * 10 * 1024 * 10 * 0.5 = 102,400 passes fp16's safe
+    range (every other bound is far inside), so fp32; with 16 keys (1,600) fp16."""
+    from attention_core.kernel.numerics import FP16_SAFE, choose_numerics
+    from attention_core.kernel.problem import normalize
+    from attention_core.kernel.tiers.backward import backward_dtype
+    from attention_core.kernel.tiles import TileSource
+
+    def dtype_for(keys):
+        q = torch.full((1, 1, 1, 4), 1e-3, dtype=torch.float16)
+        k = torch.full((1, 1, keys, 4), 5.0, dtype=torch.float16)  # row norm 10
+        v = torch.full((1, 1, keys, 4), 10 ** 0.5 / 2, dtype=torch.float16)  # row norm sqrt(10)
+        dout = torch.full((1, 1, 1, 4), 10 ** 0.5 / 2, dtype=torch.float16)
+        p = normalize(q, k, v, None, 0.0, False, 0.5)
+        src = TileSource(p, choose_numerics(p.dtype, p.device, precision="input"))
+        return backward_dtype(src, dout, 1, keys)
+    assert 2 * 10 * 16 * 10 * 0.5 < FP16_SAFE < 2 * 10 * 1024 * 10 * 0.5
+    assert dtype_for(16) == torch.float16
+    assert dtype_for(1024) == torch.float32

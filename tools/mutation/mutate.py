@@ -223,6 +223,15 @@ def _empty_guard_equivalents():
 
 EQUIVALENT += _empty_guard_equivalents()
 EQUIVALENT += [
+    ("attention_core/parallel.py::block_backward", "gqa = q.shape[1] != k.shape[1]",
+     "gqa = q.shape[1] is not k.shape[1]",
+     "head counts that differ are never the same object, so the mutant is True whenever the original is; it is "
+     "also True for equal counts above 256 (ints CPython does not cache), and enable_gqa with as many kv heads as "
+     "query heads is the plain problem (group size 1: normalize gives G = 1, the same tiles and sums)"),
+    ("attention_core/plan.py::<module>", '"wan22-5b-4096": (None, 0, 0, 0, [4096], 24, 128),',
+     '"wan22-5b-4096": (None, 0, 1, 0, [4096], 24, 128),',
+     "a preset without a model gives its token counts directly (the list); preset_shapes never reads its width, "
+     "height or frames"),
     ("nodes/comfy_adapter.py::wants_engine", 'if settings.mode == "auto":', 'if settings.mode <= "auto":',
      'settings.mode is one of MODES ("auto", "chunked", "online", "inplace"; "off" returned above), checked by '
      'make_settings: none sorts before "auto", so `<= "auto"` holds for "auto" alone, like `==`'),
