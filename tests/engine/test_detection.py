@@ -158,3 +158,6 @@ def test_the_gpu_probe_takes_each_fused_kernels_attention_output(monkeypatch):
     for name, probe in ops.items():
         assert torch.equal(probe(q), want), name
     assert sorted(calls) == ["cudnn", "efficient", "flash"]  # each probe called its own kernel
+    # plain attention: no mask, no log-sum-exp asked of cuDNN, no dropout, not causal
+    assert calls == {"flash": (), "efficient": (None, False), "cudnn": (None, False, 0.0, False)}
+    assert [type(x) for x in calls["cudnn"]] == [type(None), bool, float, bool]

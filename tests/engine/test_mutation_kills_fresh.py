@@ -358,3 +358,60 @@ def test_fp16_backward_takes_fp32_when_dq_partial_sums_could_overflow():
     assert 2 * 10 * 16 * 10 * 0.5 < FP16_SAFE < 2 * 10 * 1024 * 10 * 0.5
     assert dtype_for(16) == torch.float16
     assert dtype_for(1024) == torch.float32
+
+
+# ---- the survivors of the engine draw of seed 483127 (issue 22.11) ----------------------------------------------
+
+def test_profiles_and_calibrations_are_written_readable_by_everyone(tmp_path):
+    """jsonfile.atomic_write_json leaves the file rw-r--r-- (0o644): mkstemp's private 0o600 is widened, no more."""
+    import stat
+    from attention_core.device import jsonfile
+    path = jsonfile.atomic_write_json(str(tmp_path / "p.json"), {"a": 1})
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
+
+
+def test_dropout_without_a_seed_is_refused_and_no_dropout_needs_none():
+    """ops._seed: dropout_p > 0 without dropout_seed is refused (the backward could not recompute the keep bits);
+    without dropout the seed is 0, with one it is kept."""
+    with pytest.raises(ValueError, match="need dropout_seed"):
+        ops._seed(0.5, None)
+    assert ops._seed(0.0, None) == 0 and ops._seed(0.5, 7) == 7 and ops._seed(0.0, 3) == 3
+
+
+def test_min_tokens_of_one_keeps_empty_sequences_for_torch():
+    """patch._long_enough: min_tokens 0 (or less) routes every call; from 1 up, the longer of the two sequences
+    must have at least min_tokens tokens, so empty sequences stay with torch at min_tokens 1."""
+    from attention_core import patch
+    empty, three = torch.empty(1, 1, 0, 4), torch.empty(1, 1, 3, 4)
+    assert patch._long_enough(empty, empty, 0) and patch._long_enough(empty, empty, -5)
+    assert not patch._long_enough(empty, empty, 1)
+    assert patch._long_enough(three, empty, 3) and not patch._long_enough(three, three, 4)
+
+
+def test_tune_keeps_the_smallest_tile_by_its_scores_across_head_counts():
+    """tune.choose: among tiles within the tolerance of the fastest, the fewest scores (rows x keys x heads): 64
+    rows x 1,024 keys x 4 heads (262,144) before 512 x 1,024 x 1 (524,288), equally fast; a slower one outside the
+    tolerance loses whatever its size."""
+    from attention_core import tune
+    small, tall = (64, 1024, 4), (512, 1024, 1)
+    assert tune.choose([(tall, 1.0), (small, 1.0)]) == (small, 1.0)
+    assert tune.choose([(tall, 1.0), (small, 2.0)]) == (tall, 1.0)
+
+
+def test_forward_mode_is_possible_inside_any_dual_level_and_not_outside():
+    """tangents.forward_mode_possible: False with no forward-AD level open and no jvp transform; True inside the
+    first dual level (level 0), a nested one, and under torch.func.jvp (what makes torch.compile trace the call as
+    plain ops)."""
+    import torch.autograd.forward_ad as fwAD
+    from attention_core.kernel.tangents import forward_mode_possible
+    assert fwAD._current_level == -1 and not forward_mode_possible()
+    with fwAD.dual_level():
+        assert fwAD._current_level == 0 and forward_mode_possible()
+    assert not forward_mode_possible()
+    seen = []
+
+    def f(x):
+        seen.append(forward_mode_possible())
+        return x * 2
+    torch.func.jvp(f, (torch.ones(2),), (torch.ones(2),))
+    assert seen == [True]

@@ -223,6 +223,10 @@ def _empty_guard_equivalents():
 
 EQUIVALENT += _empty_guard_equivalents()
 EQUIVALENT += [
+    ("attention_core/plan.py::score_bytes",
+     'return {"chunked": (1 if cpu else 2) * isz, "inplace": isz, "online": isz + 2 * 4}[tier]',
+     'return {"chunked": (1 if cpu else 2) * isz, "inplace": isz, "online": isz ^ 2 * 4}[tier]',
+     "isz is 2 or 4 (the line above), whose bits do not overlap 8's: isz ^ 8 == isz + 8"),
     ("attention_core/parallel.py::block_backward", "gqa = q.shape[1] != k.shape[1]",
      "gqa = q.shape[1] is not k.shape[1]",
      "head counts that differ are never the same object, so the mutant is True whenever the original is; it is "
