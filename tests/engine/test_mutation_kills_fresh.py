@@ -415,3 +415,30 @@ def test_forward_mode_is_possible_inside_any_dual_level_and_not_outside():
         return x * 2
     torch.func.jvp(f, (torch.ones(2),), (torch.ones(2),))
     assert seen == [True]
+
+
+# ---- the survivors of the engine draw of seed 880496 (issue 22.11) ----------------------------------------------
+
+def test_the_finite_abs_max_counts_negative_values():
+    """tiles._finite_abs_max: max |t| over the finite elements, a negative minimum included (it decides the V
+    scaling that keeps fp32 sums finite)."""
+    from attention_core.kernel.tiles import _finite_abs_max
+    assert _finite_abs_max(torch.tensor([-5.0, 1.0, 2.0])) == 5.0
+    assert _finite_abs_max(torch.tensor([-1.0, 3.0])) == 3.0
+    assert _finite_abs_max(torch.tensor([-7.0, float("inf"), 2.0])) == 7.0
+
+
+@pytest.mark.parametrize("keys_major", [False, True])
+def test_tunes_layout_loop_covers_every_head(keys_major):
+    """tune._chunked_loop (the loop the layout check times) computes attention for every head of the group: with 3
+    heads and uneven query tiles it equals torch's SDPA (with q pre-scaled, as the engine hands it), in scratch
+    buffers sized for every head (an undersized one is resized by torch with a warning: another allocation per tile,
+    which would skew the timing)."""
+    from attention_core import tune
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 3, n, 8, generator=g, dtype=torch.float64) for n in (10, 12, 12))
+    import warnings
+    with warnings.catch_warnings():  # the scratch buffers hold every head's tile: nothing resized on the way
+        warnings.simplefilter("error")
+        got = tune._chunked_loop(q / math.sqrt(8), k, v, 4, keys_major)
+    torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v))
