@@ -68,13 +68,19 @@ def pack_attention(q, k, v, heads):
     return scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, c)
 
 
+def block_inputs(batch, tokens, text, width, device):
+    """Seeded (x, context, e) of a block forward: `tokens` video rows, `text` text rows, the 6 modulation rows."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, tokens, width, generator=g).to(device)
+    ctx = torch.randn(batch, text, width, generator=g).to(device)
+    e = torch.randn(batch, 6, width, generator=g).to(device) * 0.1
+    return x, ctx, e
+
+
 def measure(blocks, tokens, attention, device, text=512, batch=2, monitor=None, name=None):
     """Seconds of each block's forward (one step of a `batch`-item CFG pass); with a machine_load.Monitor, each
     block runs in its span (name, block index)."""
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(batch, tokens, 3072, generator=g).to(device)
-    ctx = torch.randn(batch, text, 3072, generator=g).to(device)
-    e = torch.randn(batch, 6, 3072, generator=g).to(device) * 0.1
+    x, ctx, e = block_inputs(batch, tokens, text, 3072, device)
     times = []
     with torch.no_grad():
         for i, blk in enumerate(blocks):
@@ -93,11 +99,7 @@ def block_medians(block, tokens, attentions: dict, device, rounds=3, batch=1, te
     load, as in attention_core.calibrate.interleaved. With a machine_load.Monitor each call runs in its span
     (method, "block")."""
     from attention_core.calibrate import interleaved
-    g = torch.Generator().manual_seed(0)
-    width = block.norm1.normalized_shape[0]
-    x = torch.randn(batch, tokens, width, generator=g).to(device)
-    ctx = torch.randn(batch, text, width, generator=g).to(device)
-    e = torch.randn(batch, 6, width, generator=g).to(device) * 0.1
+    x, ctx, e = block_inputs(batch, tokens, text, block.norm1.normalized_shape[0], device)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
 
     def run(fn):
