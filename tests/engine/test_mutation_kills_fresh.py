@@ -442,3 +442,57 @@ def test_tunes_layout_loop_covers_every_head(keys_major):
         warnings.simplefilter("error")
         got = tune._chunked_loop(q / math.sqrt(8), k, v, 4, keys_major)
     torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v))
+
+
+# ---- ffn/signature.py: only an argument with exactly n tokens is per-token ------------------------------------
+
+def test_a_longer_context_argument_does_not_stop_ffn_chunking():
+    """A block whose forward takes a context longer than x along the token axis (cross-attention text tokens)
+    hands that context whole to every piece: it is no per-token argument, and the call is still chunked (pieces
+    of n / 4 tokens), exactly. Only an extra tensor with exactly n entries there would not line up."""
+    lin = torch.nn.Linear(8, 8)
+
+    class WithContext(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.seen = lin, []
+
+        def forward(self, x, context):
+            self.seen.append(x.shape[1])
+            return self.lin(x) + context.mean(dim=1, keepdim=True)
+
+    m = WithContext()
+    x, ctx = torch.randn(1, 32, 8), torch.randn(1, 48, 8)  # 48 context tokens > 32 tokens of x
+    want = lin(x) + ctx.mean(dim=1, keepdim=True)
+    chunk_ffn(m, chunks=4)
+    m.seen.clear()
+    got = m(x, ctx)
+    assert torch.allclose(got, want, atol=1e-6)
+    assert m.seen[-4:] == [8, 8, 8, 8], m.seen  # the real call ran in 4 pieces, not whole
+
+
+# ---- kernel/memory.py: CUDA free memory is the driver's free plus the cache's unused blocks ---------------------
+
+def test_cuda_free_memory_adds_the_cached_but_unused_blocks(monkeypatch):
+    """What the tiles may take on a GPU: the driver's free bytes plus what PyTorch's caching allocator holds
+    reserved but not allocated (it hands those out without asking the driver). The CUDA queries are stand-ins
+    (no GPU here); the sum is what the engine's tile sizing reads."""
+    from attention_core.kernel import memory
+    gib = 1 << 30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (3 * gib, 32 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d=None: 7 * gib)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d=None: 4 * gib)
+    assert memory.free_memory(torch.device("cuda", 0)) == 6 * gib  # 3 free + (7 - 4) cached
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d=None: 8 * gib)  # never negative
+    assert memory.free_memory(torch.device("cuda", 0)) == 3 * gib
+
+
+# ---- report.py: only a CUDA / ROCm device gets the GPU rows ------------------------------------------------------
+
+def test_report_device_section_for_a_device_that_is_not_cuda_has_no_gpu_rows():
+    """`report --device xpu` (an Intel GPU) or any type other than cuda must not be asked CUDA's device properties:
+    its section is the generic one (the host's memory), written without an error cell."""
+    from attention_core import report
+    ctx = {}
+    text = report.section_device("xpu", ctx)
+    assert "compute units" not in text and "Error" not in text and "| memory total |" in text, text

@@ -277,6 +277,16 @@ EQUIVALENT += [
      "the backward's seed is the one the forward saved: a vmapped seed is refused by the forward rule "
      "(test_dropout_under_vmap_with_different_randomness_names_the_seed), so no public call reaches the backward "
      "rule with one; only a direct vmap of the tiled_attention::bwd op would"),
+    ("attention_core/parallel.py::block_forward",
+     "enable_gqa=q.shape[1] != k.shape[1], **engine_kwargs)",
+     "enable_gqa=q.shape[1] > k.shape[1], **engine_kwargs)",
+     "only the ring calls it, after _agreed refused q heads that are not a multiple of the kv heads and "
+     "ring_attention returned for zero query heads: every call has H >= Hkv >= 1, where `>` is `!=`"),
+    ("attention_core/kernel/tangents.py::attention_jvp",
+     "dropout_seed=0, out_shape=(), squeeze_2d=False).head_index()",
+     "dropout_seed=1, out_shape=(), squeeze_2d=False).head_index()",
+     "this AttentionProblem is built only for head_index(), which reads B, Hkv, G, heads_total and head_offset, "
+     "never the seed (the seed the dropout uses is seed_int, read from the op's seed tensor below)"),
     ("attention_core/parallel.py::ulysses_attention",
      "rep = rep if g % rep == 0 else g", "rep = rep if g % rep <= 0 else g",
      "g % rep is never negative"),
