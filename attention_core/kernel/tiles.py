@@ -63,6 +63,10 @@ class TileSource:
             buf = self._scratch[slot] = torch.empty(n, dtype=dtype, device=self.p.device)
         return buf[:n].view(shape)
 
+    def release_scratch(self) -> None:
+        """Let every scratch buffer go (the caller holds no view of them any more)."""
+        self._scratch.clear()
+
     @property
     def k32(self):
         if self._k32 is None:

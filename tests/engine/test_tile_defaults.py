@@ -53,6 +53,21 @@ def test_forward_backward_holds_at_most_a_fifth_of_math():
     assert ours <= 0.15 * theirs, f"{ours / MB:.0f} MB vs math {theirs / MB:.0f} MB"
 
 
+def test_backward_peak_is_its_tile_loop_not_the_transposed_copies():
+    """The backward accumulates dK^T and dV^T (the faster GEMM layout) and copies them back to (B, H, N, E) at the
+    end, after its two score-sized tile buffers (S / P and dP, 2^21 fp32 scores each at N = 2048, 8 heads) are
+    let go: its peak is the loop's, 2 tiles + dQ + dK^T + dV^T (+ per-row statistics and one query tile's dQ),
+    not the loop's buffers plus the copies (32.6 MB when the buffers were kept)."""
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 8, 2048, 64, generator=g) for _ in range(3))
+    dout = torch.randn(1, 8, 2048, 64, generator=g)
+    out, lse = ops.attention_forward(q, k, v)
+    peak = peak_bytes(ops.attention_backward, dout, q, k, v, out, lse)
+    tiles, grad = 2 * memory.BACKWARD_TILE_ELEMS["cpu"] * 4, q.numel() * 4
+    loop = tiles + 3 * grad
+    assert peak <= loop + 2 * MB, f"{peak / MB:.1f} MB: more than the tile loop's {loop / MB:.0f} MB"
+
+
 def test_gpu_and_cpu_targets_at_the_wan_720p_shape():
     """Without a profile a GPU forward tile aims at 2^27 scores (the fp32 S and P of 24 heads x 192 rows x 28,520
     keys: 1 GiB, a fraction of a 32 GB MI50), online tiles take 4,096 keys, and the backward aims at the same 2^27
