@@ -42,6 +42,7 @@ import tempfile
 import time
 
 from .device import machine_load
+from .device.sync import synchronize
 from .plan import PRESETS, preset_shapes
 
 METHODS = ["math", "torch", "chunked", "inplace", "online", "auto", "chunked-prev", "auto-prev", "chunked-queries",
@@ -241,13 +242,9 @@ def run_case(case) -> dict:
         with torch.no_grad():
             return fn(q, k, v)
 
-    def sync():
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-
     try:
         if dev.type == "cuda":
-            sync()
+            synchronize(dev)
             torch.cuda.reset_peak_memory_stats(dev)
             base = torch.cuda.memory_allocated(dev)
         else:
@@ -255,14 +252,14 @@ def run_case(case) -> dict:
             base = _rss()
         t0 = time.perf_counter()
         out = step()
-        sync()
+        synchronize(dev)
         first = time.perf_counter() - t0
         peak = (torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else _peak_rss()) - base
         times = [first]
         for _ in range(case["repeats"] - 1):
             t0 = time.perf_counter()
             out = step()
-            sync()
+            synchronize(dev)
             times.append(time.perf_counter() - t0)
     except Exception as e:  # noqa: BLE001 - an OOM or a refusal is a result
         res["error"] = f"{e.__class__.__name__}: {str(e).splitlines()[0][:160]}"

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import json
 import math
 import os
@@ -35,6 +36,7 @@ import time
 from typing import Optional
 
 from .device import machine_load
+from .device.sync import synchronize
 from . import plan
 from .device.calibration import VERSION, calibration_path, save
 
@@ -107,7 +109,7 @@ def measure(device: str = "cpu", dtype: str = "fp32", model: str = "wan22-5b", t
     dev = torch.device(device)
     spec = plan.MODELS[model]
     d = spec.head_dim
-    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    sync = functools.partial(synchronize, dev)
     subquad = None
     if comfyui:
         from .bench import _comfy_attention

@@ -29,6 +29,7 @@ import sys
 import time
 
 from .device import machine_load
+from .device.sync import synchronize
 from .kernel.memory import ONLINE_BLOCK_KV, tile_budget, tile_for
 from .kernel.oom import is_oom, release_cached
 from .device.profiles import (PROFILE_VERSION, _device_name, bytes_per_score, profile_dir, profile_name, profile_path,
@@ -131,21 +132,17 @@ def tune_shape(heads, n, dim, dtype, device, tier, rows, repeats, log=print):
     k = torch.randn(1, heads, n, dim, generator=g).to(device, dt)
     v = torch.randn(1, heads, n, dim, generator=g).to(device, dt)
 
-    def sync():
-        if torch.device(device).type == "cuda":
-            torch.cuda.synchronize(device)
-
     with torch.no_grad():
         def untuned():
             scaled_dot_product_attention(q, k, v, tier=tier)
-            sync()
+            synchronize(device)
         base = _time(untuned, repeats)
         log(f"    engine's own plan:                  {1000 * base:8.1f} ms")
         timed = []
         for c in candidates(tier, heads, n, rows):
             def f(c=c):
                 run_blocks(q, k, v, c, tier)
-                sync()
+                synchronize(device)
             try:
                 t = _time(f, repeats, warm=False)  # the untuned run above warmed everything up
             except Exception as e:  # noqa: BLE001 - an out-of-memory candidate just loses; anything else is a bug
@@ -203,9 +200,6 @@ def layout_check(heads, n, dim, dtype, device, rows, rounds, log=print) -> dict:
     q = (torch.randn(1, hpg, rows, dim, generator=g) * dim ** -0.5).to(device, dt)
     k, v = (torch.randn(1, hpg, n, dim, generator=g).to(device, dt) for _ in range(2))
 
-    def sync():
-        if torch.device(device).type == "cuda":
-            torch.cuda.synchronize(device)
     with torch.no_grad():
         diff = float((_chunked_loop(q, k, v, bq, False) - _chunked_loop(q, k, v, bq, True)).abs().max())
         ts = {False: [], True: []}
@@ -213,7 +207,7 @@ def layout_check(heads, n, dim, dtype, device, rows, rounds, log=print) -> dict:
             for km in ((False, True) if r % 2 == 0 else (True, False)):
                 t0 = time.perf_counter()
                 _chunked_loop(q, k, v, bq, km)
-                sync()
+                synchronize(device)
                 ts[km].append(time.perf_counter() - t0)
     qm, km = statistics.median(ts[False]), statistics.median(ts[True])
     log(f"  layout {heads}x{dim} N={n} {dtype}, tile {bq} rows x {hpg} heads, {rows} rows, {rounds} rounds: "

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import json
 import os
 import sys
@@ -27,6 +28,7 @@ import torch.nn.functional as F
 
 from attention_core import calibrate, cli_args, estimate, plan
 from attention_core.device import calibration, machine_load
+from attention_core.device.sync import synchronize
 
 
 class WanBlock(torch.nn.Module):
@@ -87,8 +89,7 @@ def measure(blocks, tokens, attention, device, text=512, batch=2, monitor=None, 
             with monitor.span((name, i)) if monitor is not None else contextlib.nullcontext():
                 t0 = time.perf_counter()
                 x = blk(x, ctx, e, attention)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
+                synchronize(device)
                 times.append(time.perf_counter() - t0)
     return times
 
@@ -100,7 +101,7 @@ def block_medians(block, tokens, attentions: dict, device, rounds=3, batch=1, te
     (method, "block")."""
     from attention_core.calibrate import interleaved
     x, ctx, e = block_inputs(batch, tokens, text, block.norm1.normalized_shape[0], device)
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    sync = functools.partial(synchronize, device)
 
     def run(fn):
         def call():
