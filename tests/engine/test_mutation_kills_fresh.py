@@ -496,3 +496,87 @@ def test_report_device_section_for_a_device_that_is_not_cuda_has_no_gpu_rows():
     ctx = {}
     text = report.section_device("xpu", ctx)
     assert "compute units" not in text and "Error" not in text and "| memory total |" in text, text
+
+
+# ---- the survivors of the engine draw of seed 306694 (issue 22.11) ----------------------------------------------
+
+def test_rates_interpolate_log_log_between_points_further_apart_than_a_square():
+    """A calibration may hold token counts far apart (a hand-edited file, GEMM rows of 8 and 4,096): between 10 and
+    1,000 tokens, 200 is t = log(20) / log(100) of the way in log space, rate 1 * 100^t = 20 GFLOP/s (log-log), for
+    any distance between the points."""
+    from attention_core import estimate
+    rows = [{"tokens": 10, "gflops": 1.0}, {"tokens": 1000, "gflops": 100.0}]
+    assert estimate._interp(rows, 200) == pytest.approx(20.0, rel=1e-12)
+    assert estimate._interp(rows, 100) == pytest.approx(10.0, rel=1e-12)
+
+
+def test_a_two_dimensional_input_is_chunked_along_its_token_axis():
+    """x of (tokens, features) with dim=0 (a module fed unbatched tokens) is chunked along its rows: 4 pieces of 8,
+    the same answer; only dim=1 (the feature axis) runs plain."""
+    lin = torch.nn.Linear(8, 8)
+
+    class Rows(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.seen = lin, []
+
+        def forward(self, x):
+            self.seen.append(tuple(x.shape))
+            return self.lin(x)
+
+    m = Rows()
+    x = torch.randn(32, 8)
+    want = lin(x)
+    chunk_ffn(m, chunks=4, dim=0)
+    m.seen.clear()
+    assert torch.allclose(m(x), want, atol=1e-6)
+    assert m.seen[-4:] == [(8, 8)] * 4, m.seen
+
+
+def test_dropout_one_has_zero_gradients():
+    """dropout_p = 1 drops every weight: O = 0 whatever q, k, v are, so their gradients are exactly zero (torch's
+    math SDPA gives the same), not a division by 1 - p = 0 in the backward."""
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 12, 8, requires_grad=True) for _ in range(3))
+    out = sdpa(q, k, v, dropout_p=1.0)
+    assert torch.equal(out, torch.zeros_like(out))
+    out.backward(torch.randn_like(out))
+    for t in (q, k, v):
+        assert torch.equal(t.grad, torch.zeros_like(t)), t.grad
+
+
+def test_the_fp16_weights_times_v_guard_starts_at_the_safe_bound():
+    """pv_needs_fp32(keys) is the bound keys * max|v| >= FP16_SAFE (32,752): with max|v| = 4, 8,188 keys reach it
+    exactly and need fp32, 8,187 do not."""
+    from attention_core.kernel.numerics import FP16_SAFE, choose_numerics
+    from attention_core.kernel.problem import normalize
+    from attention_core.kernel.tiles import TileSource
+    q = torch.zeros(1, 1, 4, 8, dtype=torch.float16)
+    v = torch.zeros(1, 1, 4, 8, dtype=torch.float16)
+    v[0, 0, 0, 0] = -4.0
+    p = normalize(q, q, v)
+    src = TileSource(p, choose_numerics(p.dtype, p.device, precision="input"))
+    assert src.guard and 8188 * 4.0 == FP16_SAFE
+    assert src.pv_needs_fp32(8188) and not src.pv_needs_fp32(8187)
+
+
+def test_row_norm_max_of_an_empty_tensor_is_zero():
+    """No rows bound nothing: 0 (a head dim of 0 gives q of no elements; its scores are all 0)."""
+    from attention_core.kernel.numerics import row_norm_max
+    assert row_norm_max(torch.empty(2, 0, 8)) == 0.0 and row_norm_max(torch.empty(3, 0)) == 0.0
+    assert row_norm_max(torch.tensor([[3.0, -4.0], [1.0, 0.0]])) == 5.0
+
+
+def test_every_gpu_self_check_case_is_a_valid_attention_problem():
+    """The self-check's GPU cases (half precision, the fp16 overflow case) cannot run here, but each must be a
+    problem torch's SDPA accepts: run every case built for a GPU through the engine and math SDPA in fp32 on the
+    CPU and compare with float64 math, within a few times torch's own fp32 error."""
+    from attention_core import selfcheck
+    names = []
+    for name, _, q, k, v, kw in selfcheck.cases(torch.device("cuda")):
+        names.append(name)
+        want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), **kw)
+        torch_err = float((F.scaled_dot_product_attention(q, k, v, **kw).double() - want).abs().max())
+        got = sdpa(q, k, v, **kw)
+        assert float((got.double() - want).abs().max()) <= 4 * torch_err + 1e-6, name
+    assert "fp16 overflowing scores" in names

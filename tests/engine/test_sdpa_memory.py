@@ -8,7 +8,7 @@ import attention_core.sdpa as sdpa_mod
 from attention_core import AttentionMemoryError
 from attention_core.kernel import memory
 from attention_core import scaled_dot_product_attention as sdpa
-from attention_core.kernel.memory import free_memory, plan_forward, tile_budget
+from attention_core.kernel.memory import free_memory, plan_backward, plan_forward, tile_budget
 from attention_core.kernel.numerics import choose_numerics
 from attention_core.kernel.problem import normalize
 from attention_core.kernel.tiers import TIERS
@@ -161,9 +161,12 @@ def test_head_groups_exact_forward_backward_dropout(tier, monkeypatch):
                  torch.randn(2, 1, 40, 40, dtype=torch.float64, requires_grad=True)):  # per batch, shared by heads
         dout = torch.randn(2, 6, 40, 8, dtype=torch.float64)
         ref_out, ref_grads = reference_grads(q, k, v, dout, mask)
-        monkeypatch.setattr(mem, "TARGET_TILE_ELEMS", {"cpu": 2 * 16 * 40, "other": 2 * 16 * 40})
-        plan = plan_forward(normalize(q, k, v, mask), choose_numerics(torch.float64, q.device), tier, 1 << 30)
-        assert plan.block_h < 6
+        small = {"cpu": 2 * 16 * 40, "other": 2 * 16 * 40}  # 2 batches x 16 rows x 40 keys: fewer than 6 heads
+        monkeypatch.setattr(mem, "TARGET_TILE_ELEMS", small)
+        monkeypatch.setattr(mem, "BACKWARD_TILE_ELEMS", small)  # the backward has its own target
+        prob, num = normalize(q, k, v, mask), choose_numerics(torch.float64, q.device)
+        assert plan_forward(prob, num, tier, 1 << 30).block_h < 6
+        assert plan_backward(prob, num, 1 << 30).block_h < 6
         for t in (q, k, v, mask):
             t.grad = None
         out = sdpa(q, k, v, mask, tier=tier)
