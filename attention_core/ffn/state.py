@@ -11,6 +11,7 @@ assume_constant_result takes only constant arguments, so the wrapper travels as 
 and device as strings.
 """
 import itertools
+import operator
 import weakref
 
 import torch
@@ -38,8 +39,8 @@ def register(wrapper) -> int:
 
 def decide_while_tracing(wrapper, shape, dtype, device, dim, training) -> int:
     """wrapper.decide(...) as a constant of the graph."""
-    return _decide_by_key(wrapper._trace_key, tuple(shape), str(dtype).replace("torch.", ""), str(device), dim,
-                          training)
+    return _decide_by_key(operator.index(wrapper._trace_key), tuple(operator.index(s) for s in shape),
+                          str(dtype).replace("torch.", ""), str(device), operator.index(dim), training)
 
 
 @torch.compiler.assume_constant_result

@@ -349,27 +349,27 @@ def test_traced_call_whose_chunks_cannot_be_assembled_returns_the_plain_call(tra
     assert torch.allclose(out[0], m.lin(x), equal_nan=True) and m.shapes[-1] == (2, 40, 16)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG (issue 22.11 coverage): under dynamo a symbolic dimension passes "
-                   "`type(s) is int` (torch 2.5 and 2.14), so wrapper.py 131-132 never run and the symbolic shape "
-                   "reaches assume_constant_result: fullgraph compile fails on dynamic=True or on the 2nd token count")
-def test_compiled_call_with_dynamic_shapes_runs_unchunked():
-    """wrapper.py 131-132 (traced by dynamo: coverage cannot see it): symbolic shapes run the plain call in the
-    graph, no decision, no graph break."""
+@pytest.mark.parametrize("dynamic", [True, None])
+def test_compiled_call_with_dynamic_shapes_is_chunked_per_token_count(dynamic):
+    """Under dynamo a symbolic size looks like an int to traced code, and the chunking decision takes constants
+    only: the wrapper makes the shape concrete (dynamo specializes the graph on it), so dynamic=True and the
+    default's automatic dynamic shapes (the 2nd token count) compile with fullgraph, no graph break, each token
+    count decided (and chunked) on its own, exactly. Before: the symbolic size failed the compile."""
     from torch._dynamo.utils import counters
     m = Lin()
     w = chunk_ffn(m, chunks=4)
-    xs = [torch.randn(2, n, 16) for n in (40, 41)]
+    xs = [torch.randn(2, n, 16) for n in (40, 41, 44)]
     torch._dynamo.reset()
     counters.clear()
     try:
-        c = torch.compile(m, backend="eager", fullgraph=True, dynamic=True)
+        c = torch.compile(m, backend="eager", fullgraph=True, dynamic=dynamic)
         outs = [c(x) for x in xs]
         breaks = dict(counters["graph_break"])
     finally:
         torch._dynamo.reset()
     assert breaks == {}
     assert all(torch.allclose(o, m.lin(x), atol=1e-6) for o, x in zip(outs, xs))
-    assert w.verdicts == {}
+    assert sorted(k[0][1][1] for k, v in w.verdicts.items() if v) == [40, 41, 44]  # one chunked verdict each
 
 
 # --------------------------------------------------------------------------------------------------- patch.py

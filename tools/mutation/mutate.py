@@ -96,8 +96,9 @@ BY_FILE = [
     ("attention_core/kernel/memory.py", [E + "test_sdpa_memory.py", E + "test_memory_estimates.py", KILLS]),
     ("attention_core/kernel/oom.py", [E + "test_sdpa_memory.py", KILLS]),
     ("attention_core/device/detection.py", [E + "test_detection.py", E + "test_coverage_cli_device.py", KILLS]),
-    ("attention_core/patch.py", [E + "test_global_patch.py", KILLS]),
-    ("attention_core/ffn/", [E + "test_ffn_chunking.py", E + "test_ffn_compile.py", KILLS, FRESH_KILLS]),
+    ("attention_core/patch.py", [E + "test_global_patch.py", E + "test_coverage_ffn_patch.py", KILLS]),
+    ("attention_core/ffn/", [E + "test_ffn_chunking.py", E + "test_ffn_compile.py", E + "test_coverage_ffn_patch.py",
+                             KILLS, FRESH_KILLS]),
     ("attention_core/parallel.py", [E + "test_parallel.py", E + "test_parallel_kv_copies.py"]),
     ("attention_core/selfcheck.py", [E + "test_detection.py", E + "test_coverage_cli_device.py", KILLS]),
     ("nodes/__init__.py", [NODES, ROUTING, EVERYWHERE, ADAPTER_KILLS, SCHEMAS]),  # the extension: nodes, backend, env
