@@ -27,6 +27,8 @@ from collections import namedtuple
 import torch
 import torch.nn.functional as F
 
+from .device.torch_version import parse as parse_version
+
 SDPA_PATH = "torch_sdpa"  # stats() key of the calls this patch sees
 OUTCOMES = ("routed", "passed", "deferred")
 Config = namedtuple("Config", "force min_tokens options")  # the options in force, replaced whole
@@ -38,6 +40,10 @@ _lock = threading.RLock()
 # so that ours and their wrapper never call each other without end
 _fallbacks: list = []
 _installed = False  # our function is (or was last put) in F.scaled_dot_product_attention
+_traced_passing = 0  # _local.passing's count inside a torch.compile trace
+# whether dynamo reads back a module global stored earlier in the same trace (torch 2.5's does not: a pass-through
+# into a foreign wrapper that holds ours would loop while tracing)
+TRACED_STORES_SEEN = parse_version(torch.__version__) >= (2, 6)
 _global = None  # Config from enable(), None when not enabled
 _blocks: list = []  # [(token, Config)] of open patched() blocks, in entry order
 _config = Config(False, 0, {})  # the Config in force; replaced whole, read without the lock
@@ -149,8 +155,16 @@ def _patched_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
 def _pass_through(*args, **kwargs):
     """The function ours was put over (see _fallbacks), one further back for each of our calls already passing
     through on this thread."""
-    if torch.compiler.is_compiling():  # thread-local state is not traced; no foreign wrapper inside a graph
-        return _fallbacks[-1](*args, **kwargs)
+    if torch.compiler.is_compiling():  # thread-local state is not traced: a module global counts instead (dynamo
+        global _traced_passing  # replays the stores as side effects; a trace runs on one thread)
+        if not TRACED_STORES_SEEN:  # torch 2.5's dynamo does not read back the store: torch's own, never a loop
+            return _fallbacks[0](*args, **kwargs)
+        depth = _traced_passing
+        original = _fallbacks[-1 - depth] if depth < len(_fallbacks) else _fallbacks[0]
+        _traced_passing = depth + 1
+        out = original(*args, **kwargs)  # an error ends the trace (dynamo drops its stores): no finally needed
+        _traced_passing = depth
+        return out
     depth = getattr(_local, "passing", 0)
     original = _fallbacks[-1 - depth] if depth < len(_fallbacks) else _fallbacks[0]
     _local.passing = depth + 1
