@@ -32,7 +32,7 @@ from .tangents import attention_jvp, compiled_transform_needs_plain_ops, forward
 def _namespace() -> str:
     """Op namespace: "tiled_attention" for the `attention_core` package; a copy imported under another name (the
     ComfyUI node folder imports it as <folder>.attention_core) gets its own, so two copies never collide."""
-    pkg = __name__.rsplit(".", 1)[0]
+    pkg = __name__.rsplit(".", 2)[0]  # <pkg>.kernel.autograd -> <pkg>
     return "tiled_attention" if pkg == "attention_core" else "tiled_attention_" + re.sub(r"\W", "_", pkg)
 
 
