@@ -91,9 +91,10 @@ NODE_TESTS = [NODES, ROUTING, CLONES, FIT, EVERYWHERE, SCHEMAS, ADAPTER_KILLS]
 BY_FILE = [
     # the forward-mode Function and plain_attention (what torch.compile traces under forward-mode AD) are tested
     # by test_forward_ad.py only
-    ("attention_core/kernel/autograd.py", GRADS + [E + "test_forward_ad.py"]),
+    ("attention_core/kernel/autograd.py", GRADS + [E + "test_forward_ad.py", E + "test_coverage_kernel.py"]),
     ("attention_core/kernel/tiers/backward.py", GRADS + [E + "test_tile_defaults.py"]),  # its peak memory
-    ("attention_core/kernel/memory.py", [E + "test_sdpa_memory.py", E + "test_memory_estimates.py", KILLS]),
+    ("attention_core/kernel/memory.py", [E + "test_sdpa_memory.py", E + "test_memory_estimates.py",
+                                         E + "test_coverage_kernel.py", KILLS]),
     ("attention_core/kernel/oom.py", [E + "test_sdpa_memory.py", KILLS]),
     ("attention_core/device/detection.py", [E + "test_detection.py", E + "test_coverage_cli_device.py", KILLS]),
     ("attention_core/patch.py", [E + "test_global_patch.py", E + "test_coverage_ffn_patch.py", KILLS]),
