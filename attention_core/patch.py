@@ -162,9 +162,10 @@ def _pass_through(*args, **kwargs):
         depth = _traced_passing
         original = _fallbacks[-1 - depth] if depth < len(_fallbacks) else _fallbacks[0]
         _traced_passing = depth + 1
-        out = original(*args, **kwargs)  # an error ends the trace (dynamo drops its stores): no finally needed
-        _traced_passing = depth
-        return out
+        try:
+            return original(*args, **kwargs)
+        finally:  # where is_compiling() holds outside dynamo (non-strict export), an error must not leave the count
+            _traced_passing = depth
     depth = getattr(_local, "passing", 0)
     original = _fallbacks[-1 - depth] if depth < len(_fallbacks) else _fallbacks[0]
     _local.passing = depth + 1

@@ -548,3 +548,26 @@ def test_a_traced_split_joins_the_groups_without_logging(tracing, caplog, monkey
     assert out.shape == ref.shape and (out - ref).abs().max() < 1e-12 and torch.equal(out2, out)
     scores = (q @ k.transpose(-1, -2)) / 8 ** 0.5 + mask
     assert lse.shape == (1, 4, 12) and (lse - torch.logsumexp(scores, dim=-1)).abs().max() < 1e-5
+
+
+def test_a_traced_pass_through_that_raises_leaves_no_count(monkeypatch):
+    """Where is_compiling() holds while real Python runs (non-strict export), an error in the function passed to
+    must not leave the re-entry count raised: the next call would skip a function it should reach."""
+    torch_sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(patch_mod, "_fallbacks", [])
+    monkeypatch.setattr(patch_mod, "TRACED_STORES_SEEN", True)
+    saved = dict(patch_mod._patched_sdpa.__dict__)
+    q = torch.randn(1, 2, 8, 4)
+    try:
+        attention_core.enable(min_tokens=10**6)
+        patch_mod._fallbacks[0] = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("theirs failed"))
+        with monkeypatch.context() as mp:
+            mp.setattr(torch.compiler, "is_compiling", lambda: True)
+            with pytest.raises(RuntimeError, match="theirs failed"):
+                F.scaled_dot_product_attention(q, q, q)
+        assert patch_mod._traced_passing == 0
+    finally:
+        attention_core.disable()
+        F.scaled_dot_product_attention = torch_sdpa
+        patch_mod._patched_sdpa.__dict__.clear()
+        patch_mod._patched_sdpa.__dict__.update(saved)
