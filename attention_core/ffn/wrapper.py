@@ -124,13 +124,17 @@ class ChunkedFFN:
         """The call inside a torch.compile trace: no Python state is read or written in the graph (no guard, no
         recompile, no graph break). Whether and in how many chunks to run is decided once per traced signature by
         state.decide_while_tracing, which dynamo runs as plain Python while it traces (a constant of the graph).
-        Calls with extra arguments run unchunked. A dynamic (symbolic) shape is made concrete with operator.index
-        (dynamo specializes the graph on it; int() does not): each new token count compiles its own graph, as with
-        dynamic=False. The decision takes constants only, and traced code cannot tell a symbolic size from an int
-        (both are int to it); a symbolic shape there failed the fullgraph compile."""
+        Calls with extra arguments, and inputs with a size marked dynamic (torch._dynamo.mark_dynamic: it may not
+        be specialized), run unchunked. Any other dynamic (symbolic) shape (dynamic=True, automatic dynamic shapes)
+        is made concrete with operator.index (dynamo specializes the graph on it; int() does not): each new token
+        count compiles its own graph, as with dynamic=False. The decision takes constants only, and traced code
+        cannot tell a symbolic size from an int (both are int to it); a symbolic shape there failed the fullgraph
+        compile."""
         dim = token_dim(x, self.dim)
         if dim is None or not x.is_floating_point() or args or kwargs:
             return self._forward(x, *args, **kwargs)
+        if getattr(x, "_dynamo_dynamic_indices", None):  # sizes marked dynamic (mark_dynamic) stay symbolic: unchunked
+            return self._forward(x)
         shape, dim = tuple(operator.index(s) for s in x.shape), operator.index(dim)  # dim: self.dim may be symbolic
         chunks = state.decide_while_tracing(self, shape, x.dtype, x.device, dim, self._training())
         if chunks <= 1:

@@ -349,6 +349,32 @@ def test_traced_call_whose_chunks_cannot_be_assembled_returns_the_plain_call(tra
     assert torch.allclose(out[0], m.lin(x), equal_nan=True) and m.shapes[-1] == (2, 40, 16)
 
 
+def test_compiled_call_with_a_size_marked_dynamic_runs_unchunked():
+    """torch._dynamo.mark_dynamic(x, 1): the user asked for one graph for every token count, which specializing
+    would break (ConstraintViolationError); the wrapped call runs plain in the graph instead, exactly, no graph
+    break, no decision taken. (The module records nothing: a list of shapes would make dynamo guard on them.)"""
+    from torch._dynamo.utils import counters
+    torch.manual_seed(3)
+    m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 16))
+    xs = [torch.randn(2, n, 16) for n in (40, 41)]
+    with torch.no_grad():
+        want = [m(x) for x in xs]
+    w = chunk_ffn(m, chunks=4)
+    for x in xs:
+        torch._dynamo.mark_dynamic(x, 1)
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        c = torch.compile(m, backend="eager", fullgraph=True)
+        outs = [c(x) for x in xs]
+        breaks, graphs = dict(counters["graph_break"]), counters["stats"]["unique_graphs"]
+    finally:
+        torch._dynamo.reset()
+    assert breaks == {} and graphs == 1
+    assert all(torch.allclose(o, r, atol=1e-6) for o, r in zip(outs, want))
+    assert w.verdicts == {}
+
+
 @pytest.mark.parametrize("dynamic", [True, None])
 def test_compiled_call_with_dynamic_shapes_is_chunked_per_token_count(dynamic):
     """Under dynamo a symbolic size looks like an int to traced code, and the chunking decision takes constants
