@@ -154,7 +154,9 @@ def _patched_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
 
 def _pass_through(*args, **kwargs):
     """The function ours was put over (see _fallbacks), one further back for each of our calls already passing
-    through on this thread."""
+    through on this thread; torch's own when ours is over nothing (a reference to it kept past disable())."""
+    if not _fallbacks:
+        return torch._C._nn.scaled_dot_product_attention(*args, **kwargs)
     if torch.compiler.is_compiling():  # thread-local state is not traced: a module global counts instead (dynamo
         global _traced_passing  # replays the stores as side effects; a trace runs on one thread)
         if not TRACED_STORES_SEEN:  # torch 2.5's dynamo does not read back the store: torch's own, never a loop

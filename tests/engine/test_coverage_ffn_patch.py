@@ -597,3 +597,23 @@ def test_a_traced_pass_through_that_raises_leaves_no_count(monkeypatch):
         F.scaled_dot_product_attention = torch_sdpa
         patch_mod._patched_sdpa.__dict__.clear()
         patch_mod._patched_sdpa.__dict__.update(saved)
+
+
+def test_a_reference_to_ours_kept_past_disable_is_torchs_function(monkeypatch):
+    """h = F.scaled_dot_product_attention while the patch is on, then disable(): h is still ours, over nothing;
+    calling it is torch's own SDPA (before: IndexError on the empty list of functions ours was put over)."""
+    torch_sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(patch_mod, "_fallbacks", [])
+    saved = dict(patch_mod._patched_sdpa.__dict__)
+    q = torch.randn(1, 2, 8, 4)
+    try:
+        attention_core.enable()
+        kept = F.scaled_dot_product_attention
+        attention_core.disable()
+        assert kept is not torch_sdpa and F.scaled_dot_product_attention is torch_sdpa
+        assert torch.equal(kept(q, q, q, is_causal=True), torch_sdpa(q, q, q, is_causal=True))
+    finally:
+        attention_core.disable()
+        F.scaled_dot_product_attention = torch_sdpa
+        patch_mod._patched_sdpa.__dict__.clear()
+        patch_mod._patched_sdpa.__dict__.update(saved)
