@@ -100,7 +100,7 @@ def deferred():
 def record(path: str, outcome: str) -> None:
     """Count one call of `path` as `outcome` ("routed", "passed" or "deferred"); nothing inside a torch.compile
     trace (a Python counter read there would make dynamo guard on it)."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_dynamo_compiling():
         return
     with _stats_lock:
         per = _stats.setdefault(path, dict.fromkeys(OUTCOMES, 0))
@@ -134,7 +134,7 @@ def _patched_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
                                     scale=scale, enable_gqa=enable_gqa)
     cfg = _config
     if _installed:
-        if not torch.compiler.is_compiling() and is_deferred():  # thread-local state is not traced
+        if not torch.compiler.is_dynamo_compiling() and is_deferred():  # thread-local state is not traced
             outcome = "deferred"
         elif (not kwargs and _servable(query, key, value) and _long_enough(query, key, cfg.min_tokens)
               and _wants_engine(query.device, cfg.force)):
@@ -157,7 +157,7 @@ def _pass_through(*args, **kwargs):
     through on this thread; torch's own when ours is over nothing (a reference to it kept past disable())."""
     if not _fallbacks:
         return torch._C._nn.scaled_dot_product_attention(*args, **kwargs)
-    if torch.compiler.is_compiling():  # thread-local state is not traced: a module global counts instead (dynamo
+    if torch.compiler.is_dynamo_compiling():  # thread-local state is not traced: a module global counts (dynamo
         global _traced_passing  # replays the stores as side effects; a trace runs on one thread)
         if not TRACED_STORES_SEEN:  # torch 2.5's dynamo does not read back the store: torch's own, never a loop
             return _fallbacks[0](*args, **kwargs)
@@ -166,7 +166,7 @@ def _pass_through(*args, **kwargs):
         _traced_passing = depth + 1
         try:
             return original(*args, **kwargs)
-        finally:  # where is_compiling() holds outside dynamo (non-strict export), an error must not leave the count
+        finally:  # an error must not leave the count raised
             _traced_passing = depth
     depth = getattr(_local, "passing", 0)
     original = _fallbacks[-1 - depth] if depth < len(_fallbacks) else _fallbacks[0]

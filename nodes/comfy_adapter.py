@@ -124,7 +124,7 @@ def count(settings: PatchSettings, what: str) -> int:
     """Count one call in settings.stats[what] and return the new count; inside a torch.compile trace nothing is
     counted and 0 is returned: reading a Python counter there makes dynamo guard on its value (a recompile per
     call) and the first-call log would break the graph (fullgraph=True fails), so stats count eager calls only."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_dynamo_compiling():
         return 0
     settings.stats[what] += 1
     return settings.stats[what]
@@ -135,7 +135,7 @@ def pass_on(fn, *args, **kwargs):
     (attention_core.patch, nodes/everywhere.py) leaves what runs inside to ComfyUI and torch, so the node's settings
     win for its model and no call is routed twice. Inside a torch.compile trace (thread-local state is not traced)
     fn is called as it is."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_dynamo_compiling():
         return fn(*args, **kwargs)
     with deferred():
         return fn(*args, **kwargs)

@@ -49,7 +49,7 @@ class GlobalAttentionRoute:
         cfg = patch.config()
         if cfg is None:
             return self.inner(*args, **kwargs)
-        if not torch.compiler.is_compiling() and patch.is_deferred():
+        if not torch.compiler.is_dynamo_compiling() and patch.is_deferred():
             patch.record(PATH, "deferred")
             return self.inner(*args, **kwargs)
         try:

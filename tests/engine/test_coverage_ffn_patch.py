@@ -431,7 +431,7 @@ def test_calls_inside_a_trace_are_not_counted(patch_restored, monkeypatch):
     patch_mod.record(patch_mod.SDPA_PATH, "routed")
     assert patch_mod.stats() == {patch_mod.SDPA_PATH: {"routed": 1, "passed": 0, "deferred": 0, "total": 1}}
     patch_mod.reset_stats()
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    monkeypatch.setattr(torch.compiler, "is_dynamo_compiling", lambda: True)
     q, k, v = _qkv()
     with attention_core.patched(force=False, min_tokens=10**6):
         out = F.scaled_dot_product_attention(q, k, v)
@@ -460,7 +460,7 @@ def test_a_traced_pass_through_goes_to_the_latest_function_under_ours(monkeypatc
         attention_core.enable(min_tokens=10**6)  # ours goes over theirs
         assert patch_mod._fallbacks == [torch_sdpa, theirs]
         with monkeypatch.context() as mp:
-            mp.setattr(torch.compiler, "is_compiling", lambda: True)
+            mp.setattr(torch.compiler, "is_dynamo_compiling", lambda: True)
             out = F.scaled_dot_product_attention(q, k, v)
         # torch 2.5's dynamo cannot count re-entries (patch.TRACED_STORES_SEEN): there, torch's own, never a loop
         assert calls == ([1] if patch_mod.TRACED_STORES_SEEN else []) and torch.equal(out, torch_sdpa(q, k, v))
@@ -577,8 +577,8 @@ def test_a_traced_split_joins_the_groups_without_logging(tracing, caplog, monkey
 
 
 def test_a_traced_pass_through_that_raises_leaves_no_count(monkeypatch):
-    """Where is_compiling() holds while real Python runs (non-strict export), an error in the function passed to
-    must not leave the re-entry count raised: the next call would skip a function it should reach."""
+    """An error in the function a traced call is passed to (the trace stood in) must not leave the re-entry count
+    raised: the next call would skip a function it should reach."""
     torch_sdpa = F.scaled_dot_product_attention
     monkeypatch.setattr(patch_mod, "_fallbacks", [])
     monkeypatch.setattr(patch_mod, "TRACED_STORES_SEEN", True)
@@ -588,7 +588,7 @@ def test_a_traced_pass_through_that_raises_leaves_no_count(monkeypatch):
         attention_core.enable(min_tokens=10**6)
         patch_mod._fallbacks[0] = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("theirs failed"))
         with monkeypatch.context() as mp:
-            mp.setattr(torch.compiler, "is_compiling", lambda: True)
+            mp.setattr(torch.compiler, "is_dynamo_compiling", lambda: True)
             with pytest.raises(RuntimeError, match="theirs failed"):
                 F.scaled_dot_product_attention(q, q, q)
         assert patch_mod._traced_passing == 0
@@ -612,6 +612,29 @@ def test_a_reference_to_ours_kept_past_disable_is_torchs_function(monkeypatch):
         attention_core.disable()
         assert kept is not torch_sdpa and F.scaled_dot_product_attention is torch_sdpa
         assert torch.equal(kept(q, q, q, is_causal=True), torch_sdpa(q, q, q, is_causal=True))
+    finally:
+        attention_core.disable()
+        F.scaled_dot_product_attention = torch_sdpa
+        patch_mod._patched_sdpa.__dict__.clear()
+        patch_mod._patched_sdpa.__dict__.update(saved)
+
+
+def test_another_threads_compile_does_not_change_this_threads_route(monkeypatch):
+    """torch 2.14's torch.compiler.is_compiling() is a process-wide flag: it answers True on every thread while any
+    thread compiles. The patch asks is_dynamo_compiling() (True only in the code dynamo traces), so an eager call
+    in deferred() on another thread stays deferred (torch's own, counted), and counts are kept, during a compile
+    (stood in by is_compiling answering True)."""
+    torch_sdpa = F.scaled_dot_product_attention
+    saved = dict(patch_mod._patched_sdpa.__dict__)
+    q = torch.randn(1, 2, 8, 4)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    try:
+        patch_mod.reset_stats()
+        with attention_core.patched(force=True):
+            with patch_mod.deferred():
+                out = F.scaled_dot_product_attention(q, q, q)
+        assert patch_mod.stats()[patch_mod.SDPA_PATH]["deferred"] == 1
+        assert torch.equal(out, torch_sdpa(q, q, q))
     finally:
         attention_core.disable()
         F.scaled_dot_product_attention = torch_sdpa
