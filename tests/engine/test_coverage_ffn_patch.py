@@ -406,6 +406,21 @@ def patch_restored():
     attention_core.disable()
 
 
+@pytest.fixture
+def torch_sdpa(monkeypatch):
+    """torch's SDPA function as the test starts; the patch's state (the functions ours was put over, our function's
+    wrapper attributes, F.scaled_dot_product_attention) is put back after it, whatever another library's stand-in
+    did to it."""
+    original = F.scaled_dot_product_attention
+    monkeypatch.setattr(patch_mod, "_fallbacks", [])
+    saved = dict(patch_mod._patched_sdpa.__dict__)
+    yield original
+    attention_core.disable()
+    F.scaled_dot_product_attention = original
+    patch_mod._patched_sdpa.__dict__.clear()
+    patch_mod._patched_sdpa.__dict__.update(saved)
+
+
 def _qkv(seed=0, n=24):
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(1, 2, n, 8, generator=g, dtype=torch.float64) for _ in range(3)]
@@ -440,39 +455,31 @@ def test_calls_inside_a_trace_are_not_counted(patch_restored, monkeypatch):
     assert (out - math_sdpa(q, k, v)).abs().max() < 1e-12
 
 
-def test_a_traced_pass_through_goes_to_the_latest_function_under_ours(monkeypatch):
+def test_a_traced_pass_through_goes_to_the_latest_function_under_ours(monkeypatch, torch_sdpa):
     """patch.py 153: inside a trace a call the patch passes goes to the latest function ours was put over: here
     another library's function (installed while ours was on, holding torch's own), not torch's own."""
-    torch_sdpa = F.scaled_dot_product_attention
-    monkeypatch.setattr(patch_mod, "_fallbacks", [])
-    saved = dict(patch_mod._patched_sdpa.__dict__)
     calls = []
 
     def theirs(*args, **kwargs):
         calls.append(1)
         return torch_sdpa(*args, **kwargs)
     q, k, v = _qkv()
-    try:
-        attention_core.enable(min_tokens=10**6)
-        F.scaled_dot_product_attention = theirs  # the other library installs its function over ours...
-        attention_core.disable()  # ...so ours stays under it, switched off
-        assert F.scaled_dot_product_attention is theirs
-        attention_core.enable(min_tokens=10**6)  # ours goes over theirs
-        assert patch_mod._fallbacks == [torch_sdpa, theirs]
-        with monkeypatch.context() as mp:
-            mp.setattr(torch.compiler, "is_dynamo_compiling", lambda: True)
-            out = F.scaled_dot_product_attention(q, k, v)
-        # torch 2.5's dynamo cannot count re-entries (patch.TRACED_STORES_SEEN): there, torch's own, never a loop
-        assert calls == ([1] if patch_mod.TRACED_STORES_SEEN else []) and torch.equal(out, torch_sdpa(q, k, v))
-    finally:
-        attention_core.disable()
-        F.scaled_dot_product_attention = torch_sdpa
-        patch_mod._patched_sdpa.__dict__.clear()
-        patch_mod._patched_sdpa.__dict__.update(saved)
+    attention_core.enable(min_tokens=10**6)
+    F.scaled_dot_product_attention = theirs  # the other library installs its function over ours...
+    attention_core.disable()  # ...so ours stays under it, switched off
+    assert F.scaled_dot_product_attention is theirs
+    attention_core.enable(min_tokens=10**6)  # ours goes over theirs
+    assert patch_mod._fallbacks == [torch_sdpa, theirs]
+    with monkeypatch.context() as mp:
+        mp.setattr(torch.compiler, "is_dynamo_compiling", lambda: True)
+        out = F.scaled_dot_product_attention(q, k, v)
+    # torch 2.5's dynamo cannot count re-entries (patch.TRACED_STORES_SEEN): there, torch's own, never a loop
+    assert calls == ([1] if patch_mod.TRACED_STORES_SEEN else []) and torch.equal(out, torch_sdpa(q, k, v))
 
 
 @pytest.mark.parametrize("theirs_holds", ["ours", "torch"])
-def test_compiled_pass_through_under_a_foreign_wrapper_neither_loops_nor_changes_the_answer(monkeypatch, theirs_holds):
+def test_compiled_pass_through_under_a_foreign_wrapper_neither_loops_nor_changes_the_answer(monkeypatch, torch_sdpa,
+                                                                                             theirs_holds):
     """Another library puts its function over ours while ours is on (holding ours, as a wrapper of what it found,
     or torch's own, captured earlier), ours is switched off (it stays inside theirs), then on again (over theirs).
     A call the patch passes on goes to theirs; when theirs holds ours, ours passes it one further back (to torch's
@@ -481,9 +488,6 @@ def test_compiled_pass_through_under_a_foreign_wrapper_neither_loops_nor_changes
     traced pass-through goes to torch's own directly (theirs is skipped in the graph)."""
     import torch._dynamo
     from torch._dynamo.utils import counters
-    torch_sdpa = F.scaled_dot_product_attention
-    monkeypatch.setattr(patch_mod, "_fallbacks", [])
-    saved = dict(patch_mod._patched_sdpa.__dict__)
     calls = []
     q = torch.randn(1, 2, 8, 4)
     try:
@@ -507,10 +511,6 @@ def test_compiled_pass_through_under_a_foreign_wrapper_neither_loops_nor_changes
         assert len(calls) == (1 if patch_mod.TRACED_STORES_SEEN else 0) and patch_mod._traced_passing == 0
     finally:
         torch._dynamo.reset()
-        attention_core.disable()
-        F.scaled_dot_product_attention = torch_sdpa
-        patch_mod._patched_sdpa.__dict__.clear()
-        patch_mod._patched_sdpa.__dict__.update(saved)
 
 
 # ---------------------------------------------------------------------------------------------- multidevice.py
@@ -576,67 +576,41 @@ def test_a_traced_split_joins_the_groups_without_logging(tracing, caplog, monkey
     assert lse.shape == (1, 4, 12) and (lse - torch.logsumexp(scores, dim=-1)).abs().max() < 1e-5
 
 
-def test_a_traced_pass_through_that_raises_leaves_no_count(monkeypatch):
+def test_a_traced_pass_through_that_raises_leaves_no_count(monkeypatch, torch_sdpa):
     """An error in the function a traced call is passed to (the trace stood in) must not leave the re-entry count
     raised: the next call would skip a function it should reach."""
-    torch_sdpa = F.scaled_dot_product_attention
-    monkeypatch.setattr(patch_mod, "_fallbacks", [])
     monkeypatch.setattr(patch_mod, "TRACED_STORES_SEEN", True)
-    saved = dict(patch_mod._patched_sdpa.__dict__)
     q = torch.randn(1, 2, 8, 4)
-    try:
-        attention_core.enable(min_tokens=10**6)
-        patch_mod._fallbacks[0] = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("theirs failed"))
-        with monkeypatch.context() as mp:
-            mp.setattr(torch.compiler, "is_dynamo_compiling", lambda: True)
-            with pytest.raises(RuntimeError, match="theirs failed"):
-                F.scaled_dot_product_attention(q, q, q)
-        assert patch_mod._traced_passing == 0
-    finally:
-        attention_core.disable()
-        F.scaled_dot_product_attention = torch_sdpa
-        patch_mod._patched_sdpa.__dict__.clear()
-        patch_mod._patched_sdpa.__dict__.update(saved)
+    attention_core.enable(min_tokens=10**6)
+    patch_mod._fallbacks[0] = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("theirs failed"))
+    with monkeypatch.context() as mp:
+        mp.setattr(torch.compiler, "is_dynamo_compiling", lambda: True)
+        with pytest.raises(RuntimeError, match="theirs failed"):
+            F.scaled_dot_product_attention(q, q, q)
+    assert patch_mod._traced_passing == 0
 
 
-def test_a_reference_to_ours_kept_past_disable_is_torchs_function(monkeypatch):
+def test_a_reference_to_ours_kept_past_disable_is_torchs_function(monkeypatch, torch_sdpa):
     """h = F.scaled_dot_product_attention while the patch is on, then disable(): h is still ours, over nothing;
     calling it is torch's own SDPA (before: IndexError on the empty list of functions ours was put over)."""
-    torch_sdpa = F.scaled_dot_product_attention
-    monkeypatch.setattr(patch_mod, "_fallbacks", [])
-    saved = dict(patch_mod._patched_sdpa.__dict__)
     q = torch.randn(1, 2, 8, 4)
-    try:
-        attention_core.enable()
-        kept = F.scaled_dot_product_attention
-        attention_core.disable()
-        assert kept is not torch_sdpa and F.scaled_dot_product_attention is torch_sdpa
-        assert torch.equal(kept(q, q, q, is_causal=True), torch_sdpa(q, q, q, is_causal=True))
-    finally:
-        attention_core.disable()
-        F.scaled_dot_product_attention = torch_sdpa
-        patch_mod._patched_sdpa.__dict__.clear()
-        patch_mod._patched_sdpa.__dict__.update(saved)
+    attention_core.enable()
+    kept = F.scaled_dot_product_attention
+    attention_core.disable()
+    assert kept is not torch_sdpa and F.scaled_dot_product_attention is torch_sdpa
+    assert torch.equal(kept(q, q, q, is_causal=True), torch_sdpa(q, q, q, is_causal=True))
 
 
-def test_another_threads_compile_does_not_change_this_threads_route(monkeypatch):
+def test_another_threads_compile_does_not_change_this_threads_route(monkeypatch, torch_sdpa):
     """torch 2.14's torch.compiler.is_compiling() is a process-wide flag: it answers True on every thread while any
     thread compiles. The patch asks is_dynamo_compiling() (True only in the code dynamo traces), so an eager call
     in deferred() on another thread stays deferred (torch's own, counted), and counts are kept, during a compile
     (stood in by is_compiling answering True)."""
-    torch_sdpa = F.scaled_dot_product_attention
-    saved = dict(patch_mod._patched_sdpa.__dict__)
     q = torch.randn(1, 2, 8, 4)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    try:
-        patch_mod.reset_stats()
-        with attention_core.patched(force=True):
-            with patch_mod.deferred():
-                out = F.scaled_dot_product_attention(q, q, q)
-        assert patch_mod.stats()[patch_mod.SDPA_PATH]["deferred"] == 1
-        assert torch.equal(out, torch_sdpa(q, q, q))
-    finally:
-        attention_core.disable()
-        F.scaled_dot_product_attention = torch_sdpa
-        patch_mod._patched_sdpa.__dict__.clear()
-        patch_mod._patched_sdpa.__dict__.update(saved)
+    patch_mod.reset_stats()
+    with attention_core.patched(force=True):
+        with patch_mod.deferred():
+            out = F.scaled_dot_product_attention(q, q, q)
+    assert patch_mod.stats()[patch_mod.SDPA_PATH]["deferred"] == 1
+    assert torch.equal(out, torch_sdpa(q, q, q))
