@@ -38,9 +38,11 @@ def register(wrapper) -> int:
 
 
 def decide_while_tracing(wrapper, shape, dtype, device, dim, training) -> int:
-    """wrapper.decide(...) as a constant of the graph."""
-    return _decide_by_key(operator.index(wrapper._trace_key), tuple(operator.index(s) for s in shape),
-                          str(dtype).replace("torch.", ""), str(device), operator.index(dim), training)
+    """wrapper.decide(...) as a constant of the graph; shape and dim concrete ints (the caller specializes them).
+    The key is an int attribute, which dynamo may trace as symbolic (dynamic=True): operator.index makes it a
+    constant."""
+    return _decide_by_key(operator.index(wrapper._trace_key), tuple(shape), str(dtype).replace("torch.", ""),
+                          str(device), dim, training)
 
 
 @torch.compiler.assume_constant_result
