@@ -27,6 +27,7 @@ from .workflow_facts import template_title, workflow_facts
 WORKFLOW_DIR = os.path.join(ROOT, "workflows")
 SIZE = 512
 MARGIN = 36
+TOP_FREE = 76
 JPEG_OPTIONS = {"quality": 90, "subsampling": 0, "optimize": False, "progressive": False}
 PIXEL_TOLERANCE = 8  # JPEG encoders of different libjpeg builds round differently by a few levels; text changes by 100s
 # per model family: background gradient top/bottom and accent colour
@@ -85,25 +86,26 @@ def draw_card(facts):
         t = y / (SIZE - 1)
         draw.line([(0, y), (SIZE, y)], fill=tuple(round(a + (b - a) * t) for a, b in zip(top, bottom)))
     width = SIZE - 2 * MARGIN
-    y = MARGIN - 6
-    draw.text((MARGIN, y), facts.model_long, font=_fit(draw, facts.model_long, "DejaVuSans-Bold.ttf", 48, width),
+    # the top TOP_FREE pixels stay plain: frontend 1.49 lays its "Node graph" badge over a card's top left
+    y = TOP_FREE
+    draw.text((MARGIN, y), facts.model_long, font=_fit(draw, facts.model_long, "DejaVuSans-Bold.ttf", 44, width),
               fill=WHITE)
-    y += 66
+    y += 56
     source, _, target = facts.task.partition(" to ")
     task = f"{source} \u2192 {target}" + (" + Audio" if facts.audio else "")
-    draw.text((MARGIN, y), task, font=_fit(draw, task, "DejaVuSans.ttf", 40, width), fill=accent)
-    y += 74
+    draw.text((MARGIN, y), task, font=_fit(draw, task, "DejaVuSans.ttf", 38, width), fill=accent)
+    y += 60
     size = f"{facts.width}\u00d7{facts.height}"
-    draw.text((MARGIN, y), size, font=_fit(draw, size, "DejaVuSans-Bold.ttf", 92, width), fill=WHITE)
-    y += 112
+    draw.text((MARGIN, y), size, font=_fit(draw, size, "DejaVuSans-Bold.ttf", 88, width), fill=WHITE)
+    y += 104
     length = f"{facts.frames} frames \u00b7 {_seconds(facts)} \u00b7 {facts.fps:g} fps"
-    draw.text((MARGIN, y), length, font=_fit(draw, length, "DejaVuSans.ttf", 34, width), fill=SOFT)
+    draw.text((MARGIN, y), length, font=_fit(draw, length, "DejaVuSans.ttf", 32, width), fill=SOFT)
     if facts.stages > 1:
-        y += 46
+        y += 42
         stages = f"{facts.stages} stages" + (f", \u00d7{facts.upscale:g} latent upscale" if facts.upscale != 1 else "")
-        draw.text((MARGIN, y), stages, font=_fit(draw, stages, "DejaVuSans.ttf", 30, width), fill=SOFT)
+        draw.text((MARGIN, y), stages, font=_fit(draw, stages, "DejaVuSans.ttf", 28, width), fill=SOFT)
     # the band at the bottom: this pack's part
-    band = SIZE - 124
+    band = SIZE - 118
     draw.rectangle((0, band, SIZE, SIZE), fill=(0, 0, 0, 110))
     draw.rectangle((0, band, SIZE, band + 4), fill=accent)
     cell = 20
