@@ -24,6 +24,7 @@ import os
 import shutil
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -350,7 +351,8 @@ def test_server_lists_pack_templates(server):
     templates = server.get("/api/workflow_templates")
     assert sorted(templates.get(MODULE, [])) == sorted(IDS), templates
     for name in IDS:  # and serves each file where the frontend's templates dialog fetches it
-        with urllib.request.urlopen(f"{server.url}/api/workflow_templates/{MODULE}/{name}.json", timeout=30) as r:
+        url = f"{server.url}/api/workflow_templates/{MODULE}/{urllib.parse.quote(name)}.json"
+        with urllib.request.urlopen(url, timeout=30) as r:
             assert json.loads(r.read()) == _load(os.path.join(ROOT, "workflows", name + ".json"))
 
 
