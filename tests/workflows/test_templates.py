@@ -236,3 +236,12 @@ def live_schema_or_skip(version):
         if live_schema.in_ci():
             pytest.fail(str(e))
         missing(str(e))
+
+
+def test_readme_names_every_workflow_and_shows_the_template_screenshots():
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    for name in IDS:
+        assert f"| `{name}` |" in readme, f"README's Bundled workflows table lacks {name}"
+    for shot in ("docs/templates-cards.png", "docs/missing-models-download.png"):
+        assert f"]({shot})" in readme and os.path.isfile(os.path.join(ROOT, shot)), shot
