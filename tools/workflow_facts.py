@@ -1,5 +1,5 @@
-"""What a bundled workflow makes, read from the workflow JSON itself: model, task, output size, frames, frame
-rate, audio, sampling stages and model files. The template cards (tools/template_cards.py) draw these facts and
+"""What a bundled workflow makes, read from the workflow JSON itself: model (from its diffusion model file), task,
+output size, frames, frame rate, audio and sampling stages. The template cards (tools/template_cards.py) draw these facts and
 name each workflow file after them, so a card and a file name can never say something the graph does not do.
 
 ``workflow_facts(workflow)`` returns a ``WorkflowFacts``; a graph it cannot read (no latent-size node, an
@@ -39,7 +39,6 @@ class WorkflowFacts:
     fps: float
     stages: int           # sampling passes (LTX-2.3: half size, then the upscaled refine)
     upscale: float        # the latent upscaler's factor between the passes (1 when there is none)
-    model_files: tuple    # every file the loaders load, in node order, each once
 
     @property
     def seconds(self):
@@ -64,16 +63,6 @@ def _one(workflow, ntypes):
 
 def _linked(node, input_name):
     return any(i["name"] == input_name and i.get("link") is not None for i in node.get("inputs") or [])
-
-
-def model_files(workflow):
-    """Every model file name a loader widget holds (a value ending in .safetensors), each once, in node order."""
-    seen = []
-    for node in sorted(workflow["nodes"], key=lambda n: n["id"]):
-        for value in node.get("widgets_values") or []:
-            if isinstance(value, str) and value.endswith(".safetensors") and value not in seen:
-                seen.append(value)
-    return tuple(seen)
 
 
 def _model(workflow):
@@ -113,8 +102,7 @@ def workflow_facts(workflow):
         model=model, model_long=model_long, task="Image to Video" if images else "Text to Video",
         audio=_linked(video, "audio"), width=int(width), height=int(height), frames=int(frames),
         fps=float(video["widgets_values"][0]), stages=sum(len(_nodes(workflow, t)) for t in SAMPLER_NODES),
-        upscale=upscale,
-        model_files=model_files(workflow))
+        upscale=upscale)
 
 
 def template_title(facts):

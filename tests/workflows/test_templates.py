@@ -50,17 +50,24 @@ def load(path):
         return json.load(f)
 
 
-def loader_files(wf):
-    """(node, input name, file name, models folder) of every widget value that names a model file."""
+@pytest.fixture(scope="module")
+def oi_new():
+    return live_schema_or_skip("0.33.0")[0]
+
+
+def loader_files(wf, object_info):
+    """(node, input name, file name, models folder) of every loader widget that names a model file, the widget
+    values matched to inputs by the live schema."""
     out = []
     for node in wf["nodes"]:
-        for index, value in enumerate(node.get("widgets_values") or []):
+        if node["type"] in ws.FRONTEND_ONLY_TYPES:
+            continue
+        values, _slots, _extra = wapi.map_widget_values(node.get("widgets_values"), object_info[node["type"]])
+        for inp, value in values.items():
             if isinstance(value, str) and value.endswith(".safetensors"):
-                names = [k[1] for k in ws.LOADER_FOLDERS if k[0] == node["type"]]
-                assert names, f"node {node['id']} ({node['type']}) loads {value}: not a loader this test knows"
-                inp = names[0] if len(names) == 1 else \
-                    {0: "text_encoder", 1: "ckpt_name"}[index]  # LTXAVTextEncoderLoader: text_encoder, ckpt_name
-                out.append((node, inp, value, ws.LOADER_FOLDERS[(node["type"], inp)]))
+                key = (node["type"], inp)
+                assert key in ws.LOADER_FOLDERS, f"node {node['id']} loads {value} by {key}: a loader this test lacks"
+                out.append((node, inp, value, ws.LOADER_FOLDERS[key]))
     return out
 
 
@@ -116,9 +123,9 @@ def official_models():
 # --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=IDS)
-def test_every_loader_file_has_download_metadata_on_its_node(path):
+def test_every_loader_file_has_download_metadata_on_its_node(path, oi_new):
     wf = load(path)
-    files = loader_files(wf)
+    files = loader_files(wf, oi_new)
     assert files, "no model loader"
     for node, inp, name, folder in files:
         entries = {e["name"]: e for e in node["properties"].get("models") or []}
@@ -149,11 +156,11 @@ def test_download_metadata_is_what_comfyuis_official_templates_give():
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=IDS)
-def test_note_and_download_metadata_agree(path):
+def test_note_and_download_metadata_agree(path, oi_new):
     wf = load(path)
     in_note, in_metadata = note_files(wf), metadata(wf)
     assert in_note == in_metadata, f"note lists {in_note}\nmetadata says {in_metadata}"
-    assert in_metadata.keys() == {name for _n, _i, name, _f in loader_files(wf)}
+    assert in_metadata.keys() == {name for _n, _i, name, _f in loader_files(wf, oi_new)}
 
 
 # --------------------------------------------------------------------------
