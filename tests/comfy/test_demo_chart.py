@@ -97,7 +97,8 @@ def drawn_texts(fig):
 
 def layout_problems(fig):
     """Each text outside the figure, each pair of texts that overlap (by more than half a pixel each way) and each
-    text placed in a panel that leaves the panel sideways, as sentences; [] when the figure is clean."""
+    text placed in a panel (value labels, the panel's title) that is wider than the panel or leaves it sideways, as
+    sentences; [] when the figure is clean."""
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     texts = drawn_texts(fig)
@@ -114,9 +115,9 @@ def layout_problems(fig):
                 problems.append(f"overlap: {t.get_text()!r} and {u.get_text()!r}")
     for ax in fig.axes:
         box = ax.get_window_extent(renderer)
-        for t in ax.texts:
+        for t in ax.texts + [ax.title]:
             b = t.get_window_extent(renderer)
-            if b.x0 < box.x0 - 0.5 or b.x1 > box.x1 + 0.5:
+            if t.get_text().strip() and (b.x0 < box.x0 - 0.5 or b.x1 > box.x1 + 0.5):
                 problems.append(f"leaves its panel: {t.get_text()!r}")
     return problems
 
