@@ -56,7 +56,7 @@ def extreme_magnitudes():
 
 
 def busy_long_reason():
-    """The 480p run's figures, as a busy machine would report them (both reasons, long) on 64 cores."""
+    """The default run's figures, as a busy machine would report them (both reasons, long) on 64 cores."""
     d = committed("bench-demo-wan22-default")
     d["busy"] = ("load average 123.4 on 64 cores before the demo started; other processes kept 98.7 threads runnable "
                  "on average (max 128) on 64 cores while it measured, above 16 (a quarter of the cores)")
