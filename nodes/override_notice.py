@@ -167,10 +167,12 @@ def check(current, expected, node: str) -> str:
              f"decides which calls reach it)")
         return "wrapped"
     what = describe(current)
-    text = (f"{node} is not in force while this model samples: its attention override "
-            f"(transformer_options['{OVERRIDE_KEY}']) was replaced by {what}, so attention runs there instead of "
-            f"in this pack's tiled attention. A later node that writes the override wins: put Patch Attention "
-            f"after that node (ours then passes the calls it leaves to the earlier override) or remove that node.")
+    ours = getattr(expected, MARK, None)
+    mode = f" (mode {ours.mode})" if ours is not None else ""
+    text = (f"{node}{mode} is not in force while this model samples: its attention override "
+            f"(transformer_options['{OVERRIDE_KEY}']) was replaced by {what}, which now answers this model's "
+            f"attention calls. The later node that writes the override wins: put Patch Attention after that node "
+            f"(it then hands the calls it does not take to that node's override) or remove that node.")
     _say(("replaced", id(expected), what), logging.WARNING, text, keep=True)
     return "not in force"
 
