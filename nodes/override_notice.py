@@ -189,49 +189,63 @@ def describe(fn) -> str:
     qualname = getattr(fn, "__qualname__", None) or type(fn).__qualname__
     module = getattr(fn, "__module__", None) or type(fn).__module__
     if module == "comfy.model_patcher" and qualname.endswith(MAB_QUALNAME):
-        return f"ModelAttentionBackend (ComfyUI core), {_mab_backend(fn)}"
+        inner = _mab_inner(fn)
+        folder = custom_node_folder(inner)
+        if folder is not None:  # a pack handing its own function to ModelPatcher.set_model_optimized_attention
+            return (f"custom node '{folder}' (through ModelPatcher.set_model_optimized_attention): "
+                    f"{getattr(inner, '__qualname__', type(inner).__qualname__)}")
+        return f"ModelAttentionBackend (ComfyUI core), {_mab_backend(inner)}"
     folder = custom_node_folder(fn)
     where = f"custom node '{folder}'" if folder else f"module {module}"
     return f"{where}: {qualname}"
 
 
-def _mab_backend(fn) -> str:
-    """The backend a ModelPatcher.set_model_optimized_attention closure calls: its registry name and function."""
+def _mab_inner(fn):
+    """The attention function a ModelPatcher.set_model_optimized_attention closure calls, or None."""
     code = getattr(fn, "__code__", None)
     try:
-        inner = fn.__closure__[code.co_freevars.index("optimized_attention")].cell_contents
+        return fn.__closure__[code.co_freevars.index("optimized_attention")].cell_contents
     except (AttributeError, TypeError, ValueError, IndexError):
+        return None
+
+
+def _mab_backend(inner) -> str:
+    """The backend ModelAttentionBackend chose: its name in ComfyUI's registry and its function."""
+    if inner is None:
         return "backend unknown"
     name = getattr(inner, "__name__", type(inner).__name__)
     registry = getattr(sys.modules.get("comfy.ldm.modules.attention"), "REGISTERED_ATTENTION_FUNCTIONS", {}) or {}
-    for key, registered in registry.items():
-        if registered is inner:
-            if key == "pytorch":
-                return (f"backend 'pytorch' ({name}: torch's SDPA, which is math SDPA with memory growing as "
-                        f"tokens² on GPUs without fused attention)")
-            return f"backend '{key}' ({name})"
-    return f"backend {name}"
+    key = {id(f): k for k, f in registry.items()}.get(id(inner))
+    if key is None:
+        return f"backend {name}"
+    if key == "pytorch":
+        return (f"backend 'pytorch' ({name}: torch's SDPA, which is math SDPA with memory growing as tokens² on GPUs "
+                f"without fused attention)")
+    return f"backend '{key}' ({name})"
 
 
 def custom_node_folder(fn) -> Optional[str]:
-    """The custom node folder whose code defines `fn` (ComfyUI's loaded module directories, else the path part
-    after a `custom_nodes` directory), or None."""
+    """The custom node whose code defines `fn`: the folder (or single file) right under a `custom_nodes` directory,
+    else the longest folder pack ComfyUI loaded (nodes.LOADED_MODULE_DIRS: its name -> its folder) holding the file;
+    None for code elsewhere (ComfyUI itself, comfy_extras, site-packages)."""
     code = getattr(fn, "__code__", None) or getattr(getattr(fn, "__call__", None), "__code__", None)
     path = getattr(code, "co_filename", None)
     if not path:
         return None
     path = os.path.abspath(path)
-    loaded = getattr(sys.modules.get("nodes"), "LOADED_MODULE_DIRS", None) or {}
-    for name, folder in loaded.items():
-        for f in {os.path.abspath(folder), os.path.realpath(folder)}:
-            if path.startswith(f + os.sep):
-                return os.path.basename(name) or name
     parts = path.split(os.sep)
     if "custom_nodes" in parts[:-1]:
         i = len(parts) - 1 - parts[::-1].index("custom_nodes")
-        if i + 1 < len(parts):
-            return os.path.splitext(parts[i + 1])[0]
-    return None
+        return os.path.splitext(parts[i + 1])[0]
+    loaded = getattr(sys.modules.get("nodes"), "LOADED_MODULE_DIRS", None) or {}
+    best = None
+    for name, folder in loaded.items():
+        if os.path.basename(folder) != os.path.basename(name):
+            continue  # a single-file module (its entry is the folder holding it) or one of ComfyUI's own
+        for f in {os.path.abspath(folder), os.path.realpath(folder)}:
+            if path.startswith(f + os.sep) and (best is None or len(f) > best[0]):
+                best = (len(f), os.path.basename(name))
+    return best[1] if best else None
 
 
 # ---------------------------------------------------------------------------------------------------- once per prompt
@@ -251,20 +265,19 @@ def current_prompt_id() -> Optional[str]:
     return None if pid is None else str(pid)
 
 
-def _say(key, level: int, text: str, keep: bool = False) -> bool:
-    """Log `text` once per prompt and `key`; keep=True also keeps it as the latest notice. Returns whether it was
-    said now."""
+def _say(key, level: int, text: str, keep: bool = False) -> None:
+    """Log `text` unless it was said for `key` in the prompt being executed (outside a prompt: always); keep=True
+    also keeps it as the latest notice."""
     prompt_id = current_prompt_id()
     with _lock:
         if prompt_id is None or prompt_id != _seen["prompt"]:
             _seen.update(prompt=prompt_id, keys=set())
         if prompt_id is not None and key in _seen["keys"]:
-            return False
+            return
         _seen["keys"].add(key)
         if keep:
             _latest["notice"] = Notice(prompt_id, text, time.time())
     log.log(level, "[tiled-attention] %s", text)
-    return True
 
 
 def latest() -> Optional[Notice]:

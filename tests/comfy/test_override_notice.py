@@ -257,3 +257,84 @@ def test_heads_error_names_the_registered_backend(pack):
     q = bad_heads_call()
     with pytest.raises(ValueError, match=r"^attention backend 'tiled': .*choose another attention backend"):
         get("tiled")(q, q, q, 5)
+
+
+# ------------------------------------------------------------------------------------------- naming what is in force
+
+
+def function_in(path, name="attention_override"):
+    """A function whose code says it was defined in the file `path` (as a custom node's module would be)."""
+    ns = {}
+    exec(compile(f"def {name}(func, *args, **kwargs):\n    return func(*args, **kwargs)\n", str(path), "exec"), ns)
+    return ns[name]
+
+
+def test_custom_node_folder_is_the_pack_that_defines_the_function(pack, tmp_path, monkeypatch):
+    notice = mod("nodes.override_notice")
+    # under a custom_nodes directory: the folder (or single file) right under it, however deep the file is
+    assert notice.custom_node_folder(function_in(tmp_path / "custom_nodes" / "PackB" / "a" / "b" / "x.py")) == "PackB"
+    assert notice.custom_node_folder(function_in(tmp_path / "custom_nodes" / "one_file.py")) == "one_file"
+    # elsewhere (a custom node path from extra_model_paths.yaml): the longest folder pack ComfyUI loaded holding it;
+    # a single-file pack's entry is the folder holding that file and names no other pack in that folder
+    root = tmp_path / "my_nodes"
+    nodes_module = comfy_nodes()
+    monkeypatch.setattr(nodes_module, "LOADED_MODULE_DIRS", {
+        "lone_script": str(root), "ComfyUI-SomePack": str(root / "ComfyUI-SomePack"),
+        "inner": str(root / "ComfyUI-SomePack" / "vendored" / "inner")})
+    assert notice.custom_node_folder(function_in(root / "ComfyUI-SomePack" / "attn.py")) == "ComfyUI-SomePack"
+    assert notice.custom_node_folder(function_in(root / "ComfyUI-SomePack" / "vendored" / "inner" / "a.py")) == "inner"
+    assert notice.custom_node_folder(function_in(root / "lone_script.py")) is None
+    assert notice.custom_node_folder(function_in(tmp_path / "elsewhere" / "x.py")) is None
+    assert notice.describe(function_in(tmp_path / "elsewhere" / "x.py", "f")).startswith("module builtins: f")
+
+
+def set_model_optimized_attention(model, fn):
+    if not hasattr(model, "set_model_optimized_attention"):
+        pytest.skip("not applicable: this ComfyUI has no ModelPatcher.set_model_optimized_attention (0.3.75)")
+    m = model.clone()
+    m.set_model_optimized_attention(fn)
+    return m.model_options["transformer_options"]["optimized_attention_override"]
+
+
+def test_model_attention_backend_names_the_backend_it_chose(pack, wan):
+    from comfy.ldm.modules import attention
+    notice = mod("nodes.override_notice")
+    tiled = notice.describe(set_model_optimized_attention(wan, attention.get_attention_function("tiled")))
+    assert tiled == "ModelAttentionBackend (ComfyUI core), backend 'tiled' (attention_tiled)"
+    pytorch = notice.describe(set_model_optimized_attention(wan, attention.get_attention_function("pytorch")))
+    assert pytorch.startswith("ModelAttentionBackend (ComfyUI core), backend 'pytorch' (attention_pytorch: torch's")
+    unregistered = notice.describe(set_model_optimized_attention(wan, attention.attention_basic))
+    assert unregistered == "ModelAttentionBackend (ComfyUI core), backend attention_basic"
+
+
+def test_a_pack_through_set_model_optimized_attention_is_named_by_its_folder(pack, wan, tmp_path):
+    fn = function_in(tmp_path / "custom_nodes" / "PackC" / "attn.py", "pack_attention")
+    described = mod("nodes.override_notice").describe(set_model_optimized_attention(wan, fn))
+    assert described == "custom node 'PackC' (through ModelPatcher.set_model_optimized_attention): pack_attention"
+
+
+def test_holds_follows_wrappers_to_the_documented_depth(pack):
+    import functools
+    holds = mod("nodes.override_notice").holds
+
+    def target(func, *args, **kwargs):
+        return func(*args, **kwargs)
+    def wrapping(inner):
+        def wrapper(func, *args, **kwargs):
+            return inner(func, *args, **kwargs)
+        return wrapper
+    nested = target
+    for _ in range(4):
+        nested = wrapping(nested)  # each wrapper is one level: a closure cell
+    assert holds(nested, target)  # 4 levels: found
+    assert not holds(wrapping(nested), target)  # 5 levels: past the documented depth
+    assert holds(functools.partial(target, None), target)  # functools.partial's func
+    assert holds(functools.partial(print, target), target)  # and its args
+
+    class Holder:
+        def __call__(self, *a):
+            return self.inner(*a)
+    h = Holder()
+    h.inner, h.me = target, h  # a callable object holding it, and a cycle
+    assert holds(h, target) and not holds(h, lambda: None)
+    assert holds([h], target) and holds({"k": (h,)}, target)
