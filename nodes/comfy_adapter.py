@@ -98,8 +98,8 @@ def heads_error(node: str, q: torch.Tensor, k: torch.Tensor, heads: int) -> str:
     why = (f"the last axis, {q.shape[-1]}, is not a multiple of {heads}" if heads > 0 else
            "there must be at least one head")
     return (f"{node}: q of shape {tuple(q.shape)} (k {tuple(k.shape)}) does not split into {heads} heads: ComfyUI's "
-            f"layout is [batch, tokens, heads * head_dim], and {why}. The code making this attention call (the model, or the node that runs it) passed heads="
-            f"{heads} for that width. To run it anyway, {change}.")
+            f"layout is [batch, tokens, heads * head_dim], and {why}. The code making this attention call (the "
+            f"model, or the node that runs it) passed heads={heads} for that width. To run it anyway, {change}.")
 
 
 def sdpa_mask(mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:

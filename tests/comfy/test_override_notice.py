@@ -1,5 +1,5 @@
-"""Patch Attention says when its model samples without the node's attention override in force (nodes/override_notice.py),
-inside a real ComfyUI (0.33.0 in-process; 0.3.75 through tests/comfy/test_inprocess_on_oldest.py): the real sampler
+"""Patch Attention says when its model samples without the node's attention override in force
+(nodes/override_notice.py), inside a real ComfyUI (0.33.0 in-process; 0.3.75 through tests/comfy/test_inprocess_on_oldest.py): the real sampler
 (KSampler) on a tiny Wan 2.2 5B, the real core ModelAttentionBackend node (0.33.0), the test-only stand-in for KJNodes'
 Patch Sage Attention (tools/fixtures/sage_override_standin), prompts told apart by ComfyUI's own executing context.
 Also: the error for heads that do not split q names the route that took the call (item 12 of issue 30).
@@ -333,8 +333,11 @@ def test_holds_follows_wrappers_to_the_documented_depth(pack):
 
     class Holder:
         def __call__(self, *a):
-            return self.inner(*a)
+            return self.attention(*a)
     h = Holder()
-    h.inner, h.me = target, h  # a callable object holding it, and a cycle
+    h.attention, h.me = target, h  # a callable object holding it under a name of its own, and a cycle
     assert holds(h, target) and not holds(h, lambda: None)
     assert holds([h], target) and holds({"k": (h,)}, target)
+    # at most `budget` objects are opened: behind 300 others at the first level, the holder is never opened
+    crowd = [Holder() for _ in range(300)] + [h]
+    assert holds(crowd, target, budget=400) and not holds(crowd, target)
