@@ -304,6 +304,7 @@ PER_LANG = pytest.mark.parametrize("lang", LANGS)
 @VERSIONS
 def test_comfyui_serves_the_translations_and_help_pages(served, version):
     s = served[version]
+    assert sorted(s["i18n"]) == sorted(LANGS), f"/i18n of ComfyUI {version} serves languages {sorted(s['i18n'])}"
     for lang in LANGS:
         got = s["i18n"].get(lang, {})
         assert got.get("nodeDefs") == load_json(os.path.join(LOCALES, lang, "nodeDefs.json")), \
