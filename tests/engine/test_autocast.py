@@ -17,9 +17,7 @@ attention (one rank), and inside torch.compile. Red against the engine's old rul
 fp16 inputs under a bf16 autocast came back fp16, bf16 inputs under a float32 autocast came back bf16 with about
 10^4 times torch's error.
 """
-import contextlib
 import datetime
-import warnings
 
 import pytest
 import torch
@@ -28,6 +26,7 @@ import torch.nn.functional as F
 import attention_core as ac
 from attention_core.kernel.ops import attention_backward, attention_forward
 from attention_core.multidevice import scaled_dot_product_attention_on_devices
+from autocast_states import AUTOCASTS
 from reference import TORCH_SDPA, math_sdpa
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp64": torch.float64}
@@ -35,45 +34,6 @@ MASKS = ("none", "bool", "float32", "input dtype")
 B, H, L, E = 1, 2, 24, 16
 FLOOR = 1e-6  # relative to the output's largest value
 FACTOR = 4
-
-
-@contextlib.contextmanager
-def autocast_state(device_type, dtype):
-    """This thread's autocast state as torch.autocast(device_type, dtype=dtype).__enter__ leaves it where the device
-    type accepts the dtype (CUDA takes float32), set directly: the CPU's torch.autocast refuses float32, a CPU-only
-    torch refuses CUDA's. The C++ autocast reads only this state."""
-    enabled, old = torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
-    torch.set_autocast_enabled(device_type, True)
-    torch.set_autocast_dtype(device_type, dtype)
-    torch.autocast_increment_nesting()
-    try:
-        yield
-    finally:
-        if torch.autocast_decrement_nesting() == 0:
-            torch.clear_autocast_cache()
-        torch.set_autocast_enabled(device_type, enabled)
-        torch.set_autocast_dtype(device_type, old)
-
-
-@contextlib.contextmanager
-def refused(dtype):
-    """torch.autocast("cpu", dtype) for a dtype the CPU's autocast refuses: torch warns and leaves autocast off."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        region = torch.autocast("cpu", dtype=dtype)
-    assert any("autocast" in str(w.message) for w in caught) and not region._enabled
-    with region:
-        yield
-
-
-AUTOCASTS = {
-    "cpu-bf16": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
-    "cpu-fp16": lambda: torch.autocast("cpu", dtype=torch.float16),
-    "cpu-fp32-refused": lambda: refused(torch.float32),
-    "cpu-fp64-refused": lambda: refused(torch.float64),
-    "state-fp32": lambda: autocast_state("cpu", torch.float32),  # what CUDA's torch.autocast(dtype=float32) leaves
-    "cuda-bf16-cpu-tensors": lambda: autocast_state("cuda", torch.bfloat16),  # not the tensors' device type
-}
 
 
 def inputs(dtype, mask_kind, seed=0, grad=False):
