@@ -2,6 +2,7 @@
 (text encoder) or a VAE (its attention blocks). Each patches a clone; the input object is untouched."""
 from __future__ import annotations
 
+from . import override_notice
 from .api import io
 from .comfy_adapter import HALF_POLICIES, MODES, PatchSettings, install
 from .connector_route import route_connectors
@@ -82,9 +83,12 @@ class PatchAttention(io.ComfyNode):
     @classmethod
     def execute(cls, model, mode, memory_budget_mb, half_precision, min_tokens, devices="") -> io.NodeOutput:
         settings = make_settings(cls.NODE, mode, memory_budget_mb, half_precision, min_tokens, devices)
+        replaced = override_notice.earlier_patch(model)
         m = install(model, settings)
         override = m.model_options.get("transformer_options", {}).get("optimized_attention_override")
         route_connectors(m, override if mode != "off" else None)
+        # sampling without this override in force (a later node replaced it) is said once per prompt
+        override_notice.watch(m, override if mode != "off" else None, cls.NODE, replaced)
         return io.NodeOutput(m)
 
 
