@@ -12,7 +12,12 @@ Causal masks: is_causal=True and torch's CausalBias upper-left mean key j is vis
 CausalBias lower-right iff j <= i + (Lk - Lq) (causal_offset), without a mask tensor in either case.
 
 GQA is never materialised: the G query heads of one kv head are stacked along the rows of one GEMM
-((G*bq) x E @ E x Lk). Every reshape here is a view unless the caller broadcast a batch or head dim.
+((G*bq) x E @ E x Lk). Every reshape here is a view unless the caller broadcast a batch or head dim, or gave key
+and value head counts of their own (torch repeats each by its own factor; both are repeated to their lcm here).
+
+normalize() first checks the arguments as torch's SDPA does (check_arguments: the types its argument parser takes,
+validate_sdpa_input's dtype / device / rank rules, its math backend's dropout and GQA rules), raising torch's
+exception types.
 """
 from __future__ import annotations
 
