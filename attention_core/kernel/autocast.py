@@ -1,9 +1,10 @@
 """Autocast policy of the engine: cast the inputs exactly as torch's SDPA is cast under torch.autocast, then compute
 with autocast off.
 
-torch registers scaled_dot_product_attention under autocast's `lower_precision_fp` policy on every device type
-(aten/src/ATen/autocast_mode.cpp: CUDA, XPU and PrivateUse1 through AT_FORALL_LOWER_PRECISION_FP, CPU and MPS by
-name). Its wrapper (autocast_mode.h: WrapFunction_<lower_precision_fp>, cached_cast, is_eligible) casts EVERY
+torch registers scaled_dot_product_attention under autocast's `lower_precision_fp` policy on every device type it
+has an autocast list for (aten/src/ATen/autocast_mode.cpp: CUDA and XPU through AT_FORALL_LOWER_PRECISION_FP, CPU
+and MPS by name; out-of-tree PrivateUse1 backends register their own lists, and the engine applies the same rule
+there). Its wrapper (autocast_mode.h: WrapFunction_<lower_precision_fp>, cached_cast, is_eligible) casts EVERY
 tensor argument - query, key, value and the optional attn_mask - that is
 
     defined, floating point (fp16, bf16, fp32, fp8, ...; not float64), and on the autocast's device type
@@ -31,7 +32,8 @@ import torch
 
 # device types by the dispatcher's backend priority, lowest first (c10 BackendComponent order): with tensors on
 # several device types the autocast of the last one listed here applies
-_BACKEND_ORDER = ("cpu", "cuda", "hip", "xla", "mps", "ipu", "xpu", "hpu", "ve", "lazy", "mtia", "privateuseone")
+_BACKEND_ORDER = ("cpu", "cuda", "hip", "xla", "mps", "ipu", "xpu", "hpu", "ve", "lazy", "mtia", "maia",
+                  "privateuseone")
 
 
 def autocast_on(device_type: str) -> bool:
