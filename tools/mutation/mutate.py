@@ -86,6 +86,7 @@ NODES, ROUTING, CLONES, FIT = C + "test_comfy_nodes.py", C + "test_attention_rou
     C + "test_fit_node.py"
 COMPILE = C + "test_compile_fullgraph.py"
 EVERYWHERE = C + "test_everywhere_inprocess.py"  # the process-wide mode (Tiled Attention Everywhere)
+AUTOCAST = C + "test_autocast_routes.py"  # every route under torch.autocast
 SCHEMAS = C + "test_node_schemas.py"  # every node's widgets against the snapshot (seconds)
 NOTICE = C + "test_override_notice.py"  # a later node replacing Patch Attention's override; the heads error's route
 NODE_TESTS = [NODES, ROUTING, CLONES, FIT, EVERYWHERE, SCHEMAS, ADAPTER_KILLS]
@@ -101,15 +102,16 @@ BY_FILE = [
     ("attention_core/patch.py", [E + "test_global_patch.py", E + "test_coverage_ffn_patch.py", KILLS]),
     ("attention_core/ffn/", [E + "test_ffn_chunking.py", E + "test_ffn_compile.py", E + "test_coverage_ffn_patch.py",
                              KILLS, FRESH_KILLS]),
-    ("attention_core/parallel.py", [E + "test_parallel.py", E + "test_parallel_kv_copies.py"]),
-    ("attention_core/selfcheck.py", [E + "test_detection.py", E + "test_coverage_cli_device.py", KILLS]),
+    ("attention_core/parallel.py", [E + "test_parallel.py", E + "test_parallel_kv_copies.py", E + "test_autocast.py"]),
+    ("attention_core/selfcheck.py", [E + "test_detection.py", E + "test_coverage_cli_device.py",
+                                     E + "test_torch_yardstick.py", KILLS]),
     ("nodes/__init__.py", [NODES, ROUTING, EVERYWHERE, ADAPTER_KILLS, SCHEMAS]),  # the extension: nodes, backend, env
     ("nodes/api.py", [NODES, SCHEMAS]),
     ("nodes/attention.py", [NODES, ROUTING, CLONES, NOTICE, ADAPTER_KILLS, SCHEMAS]),  # Patch Attention (MODEL, CLIP, VAE)
     ("nodes/backend_registry.py", [NODES, ROUTING, ADAPTER_KILLS]),
     ("nodes/clones.py", [CLONES, NODES, ROUTING, ADAPTER_KILLS]),
-    ("nodes/comfy_adapter.py", [NODES, ROUTING, CLONES, EVERYWHERE, NOTICE, COMPILE, ADAPTER_KILLS]),
-    ("nodes/comfy_global_route.py", [EVERYWHERE, NODES, ADAPTER_KILLS]),  # ComfyUI's global attention in the process-wide mode
+    ("nodes/comfy_adapter.py", [NODES, ROUTING, CLONES, EVERYWHERE, NOTICE, AUTOCAST, COMPILE, ADAPTER_KILLS]),
+    ("nodes/comfy_global_route.py", [EVERYWHERE, AUTOCAST, NODES, ADAPTER_KILLS]),  # ComfyUI's global attention in the process-wide mode
     ("nodes/connector_route.py", [ROUTING, CLONES, NODES, ADAPTER_KILLS]),  # LTX-2.3's text connectors
     ("nodes/everywhere.py", [EVERYWHERE, NODES, ADAPTER_KILLS]),  # the process-wide mode: environment variable, state
     ("nodes/everywhere_node.py", [EVERYWHERE, NODES, SCHEMAS]),  # Tiled Attention Everywhere
@@ -118,8 +120,8 @@ BY_FILE = [
     ("nodes/info.py", [NODES, EVERYWHERE, NOTICE, SCHEMAS, ADAPTER_KILLS]),  # Attention Info, the start line
     ("nodes/object_routes.py", [ROUTING, CLONES, NODES]),
     ("nodes/override_notice.py", [NOTICE, NODES]),  # the check a Patch Attention clone runs when sampling starts
-    ("nodes/text_encoder_route.py", [ROUTING, CLONES, NODES, ADAPTER_KILLS]),
-    ("nodes/vae_route.py", [ROUTING, CLONES, NODES, EVERYWHERE]),
+    ("nodes/text_encoder_route.py", [ROUTING, CLONES, NODES, AUTOCAST, ADAPTER_KILLS]),
+    ("nodes/vae_route.py", [ROUTING, CLONES, NODES, EVERYWHERE, AUTOCAST]),
 ]
 # files whose tests run them in worker processes (torch.distributed groups) that the coverage run does not trace:
 # their mutants run the file's BY_FILE selection instead of the tests coverage saw on the line (none)
