@@ -411,8 +411,8 @@ def test_without_the_script_only_the_fixed_frontend_translates(server, browser, 
 def test_translations_follow_a_language_switch(server, browser):
     """ja at start, then ru chosen in the running app (the frontend's settings API, as its settings dialog): a new
     node's widget labels and its tooltip come out in Russian. Its title is not checked: both frontends refresh the node
-    definitions as the switch starts, before the new language has loaded, so every node (the core ones too) keeps the
-    previous language's name until the next refresh or reload."""
+    definitions as the switch starts, and when that ends before the new language has loaded, every node (the core
+    ones too) keeps the previous language's name until the next refresh or reload."""
     node_defs = _load_json(os.path.join(ROOT, "locales", "ru", "nodeDefs.json"))[NODE]
     pg = browser.open_app("ja")
     pg.evaluate("() => app.extensionManager.setting.set('Comfy.Locale', 'ru')")
@@ -428,6 +428,50 @@ def test_translations_follow_a_language_switch(server, browser):
     assert _hover_widget(pg) == node_defs["inputs"][TOOLTIP_WIDGET]["tooltip"]
     _shot(pg, server, "node-ja-then-ru")
     _check_script_acted_only_where_needed(pg, server, ["ja", "ru"])
+
+
+def test_translations_when_the_language_loads_late(server, browser):
+    """ja chosen, but the frontend's own ja messages arrive only after it has registered the nodes (the browser holds
+    the ja nodeDefs chunk until then, as a slow connection to a remote ComfyUI would): once they arrive, a new node's
+    widget labels and its tooltip are in Japanese. (Its title was registered before, in English, as every core
+    node's; it is not checked.)"""
+    node_defs = _load_json(os.path.join(ROOT, "locales", "ja", "nodeDefs.json"))[NODE]
+    held = []
+
+    def hold_ja_chunk(route):
+        response = route.fetch()
+        if "サンプラー" in response.text():  # the frontend's ja nodeDefs (KSampler: Kサンプラー)
+            held.append((route, response))
+        else:
+            route.fulfill(response=response)
+
+    pattern = "**/assets/nodeDefs-*.js"
+    browser.route(pattern, hold_ja_chunk)
+    try:
+        pg = browser.open_app("ja")
+        assert held, "the frontend asked for no ja nodeDefs chunk: the test no longer holds back its ja messages"
+        early = pg.evaluate(JS_REGISTERED, "KSampler")["title"]
+        assert early == "KSampler", f"the nodes were registered after the ja messages arrived ({early!r})"
+        for route, response in held:
+            route.fulfill(response=response)
+        held.clear()
+        pg.wait_for_function(f"() => {JS_STORES}.$i18n.locale === 'ja'", timeout=UI_TIMEOUT_MS, polling=100)
+        want = {k: v["name"] for k, v in node_defs["inputs"].items() if k != "model"}
+        try:
+            pg.wait_for_function(f"(want) => ({JS_REGISTERED})('{NODE}').widgets.{TOOLTIP_WIDGET} === want",
+                                 arg=want[TOOLTIP_WIDGET], timeout=UI_TIMEOUT_MS, polling=200)
+        except Exception as e:  # noqa: BLE001 - report what it shows instead
+            raise AssertionError(f"once the ja messages arrived, a new node shows {pg.evaluate(JS_REGISTERED, NODE)}") \
+                from e
+        _one_node(pg)
+        assert pg.evaluate(JS_NODE_LABELS)["widgets"] == want
+        assert _hover_widget(pg) == node_defs["inputs"][TOOLTIP_WIDGET]["tooltip"]
+        _shot(pg, server, "node-ja-loaded-late")
+        _check_script_acted_only_where_needed(pg, server, ["ja"])
+    finally:
+        browser.unroute(pattern, hold_ja_chunk)
+        for route, response in held:
+            route.fulfill(response=response)
 
 
 @pytest.mark.parametrize("lang", LANGS)

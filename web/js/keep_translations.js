@@ -32,7 +32,9 @@ const POLL_MS = 100;
 const POLL_FOR_MS = 60_000;
 
 let served = null; // /i18n: {lang: {nodeDefs: {id: {...}}, nodeCategories: {...}, ...}}
-const ourNodes = new Map(); // this pack's node ids -> their category as registered ("model_patches/attention")
+// this pack's node ids -> the category path segments seen in their registrations ("model_patches", "attention"; a
+// segment the frontend had translated shows translated, so each registration adds its own)
+const ourNodes = new Map();
 const polls = new Map(); // language -> timer of afterLanguageLoads
 
 /** The frontend's vue-i18n composer (i18n.global), or null where the frontend is not built the way this expects. */
@@ -58,7 +60,7 @@ function restore(composer, locale, ids) {
   const nodeDefs = Object.fromEntries(missing.map((id) => [id, lang.nodeDefs[id]]));
   const nodeCategories = {};
   for (const id of missing) {
-    for (const part of (ourNodes.get(id) || "").split("/")) {
+    for (const part of ourNodes.get(id) || []) {
       if (lang.nodeCategories?.[part] && !composer.te(`nodeCategories.${part}`, locale)) {
         nodeCategories[part] = lang.nodeCategories[part];
       }
@@ -128,7 +130,7 @@ const extension = {
       const composer = frontendI18n();
       if (!composer) return;
       const id = nodeDef.name;
-      if (!ourNodes.has(id)) ourNodes.set(id, nodeDef.category || "");
+      ourNodes.set(id, new Set([...(ourNodes.get(id) || []), ...(nodeDef.category || "").split("/")]));
       if (!restore(composer, shownLocale(composer), [id])) return;
       // the frontend translated this definition before the entries were back: translate it again
       const key = `nodeDefs.${id}`;
