@@ -135,7 +135,9 @@ const extension = {
       // the frontend translated this definition before the entries were back: translate it again
       const key = `nodeDefs.${id}`;
       nodeDef.display_name = composer.t(`${key}.display_name`);
-      if (nodeDef.description && composer.te(`${key}.description`)) nodeDef.description = composer.t(`${key}.description`);
+      if (nodeDef.description && composer.te(`${key}.description`)) {
+        nodeDef.description = composer.t(`${key}.description`);
+      }
       if (nodeDef.category) nodeDef.category = translatedCategory(composer, nodeDef.category);
     } catch (error) {
       console.warn("[tiled-attention] translations check failed", error);
