@@ -149,7 +149,7 @@ PATCH_INPUT = {"TiledAttentionPatch": "model", "TiledAttentionPatchCLIP": "clip"
 
 
 def wan_prompt(server):
-    with open(os.path.join(ROOT, "workflows", "wan22_5b_t2v_480p.json")) as f:
+    with open(os.path.join(ROOT, "workflows", "Wan 2.2 5B Text to Video 480p.json")) as f:
         prompt = workflow_api().workflow_to_prompt(json.load(f), server.get("/object_info"))
     return resized(prompt, "wan", size=(64, 64), frames=5, steps=2)
 

@@ -38,7 +38,7 @@ from . import demo_chart
 from .demo_summary import busy_reason, headline, step_times, summarize, table
 from ..comfyui_setup.prompt_tools import output_files, resized, without_patch, workflow_api
 
-WORKFLOW = os.path.join(ROOT, "workflows", "wan22_5b_t2v_480p.json")
+WORKFLOW = os.path.join(ROOT, "workflows", "Wan 2.2 5B Text to Video 480p.json")
 FILES = {"diffusion_models": "wan2.2_ti2v_5B_fp16.safetensors",
          "text_encoders": "umt5_xxl_fp8_e4m3fn_scaled.safetensors", "vae": "wan2.2_vae.safetensors"}
 PRESETS = {"480p": (832, 480, 41), "720p": (1280, 720, 121)}
