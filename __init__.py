@@ -7,7 +7,8 @@ line and lists no nodes, so ComfyUI keeps loading the other packs."""
 import logging
 
 # the frontend's node help pages (web/docs/<node id>.md, web/docs/<node id>/<locale>.md), served by ComfyUI under
-# /extensions/<this folder's name>/ (no JavaScript in it); translations of the nodes live in locales/
+# /extensions/<this folder's name>/, and one frontend extension (web/js/keep_translations.js: restores this pack's
+# node translations where frontend 1.32.9 drops them); translations of the nodes live in locales/
 WEB_DIRECTORY = "./web"
 
 try:
