@@ -89,7 +89,7 @@ class ChunkedFFN:
         return bool(owner.training) if owner is not None else None
 
     def __call__(self, x, *args, **kwargs):
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_dynamo_compiling():  # this thread's trace (is_compiling(): any thread's, torch 2.14)
             return self._traced_call(x, args, kwargs)
         dim = token_dim(x, self.dim)
         if dim is None or not x.is_floating_point():
