@@ -55,12 +55,14 @@ def _leave(key, sizes) -> None:
 
 def _note_traced(ctx) -> None:
     """comptime callback (plain Python while dynamo traces note()): the locals `key` and `x` of note()'s frame."""
-    key = ctx.get_local("key").as_python_constant()
+    _notes.sizes = None
     try:
+        key = ctx.get_local("key").as_python_constant()
         sizes = sizes_of(ctx.get_local("x").as_fake(), _marked_symbols(ctx))
     except Exception:  # noqa: BLE001 - a trace we cannot read: nothing known, the call runs unchunked
-        sizes = None
-    _notes.sizes = (key, sizes) if sizes is not None else None
+        return
+    if sizes is not None:
+        _notes.sizes = (key, sizes)
 
 
 def sizes_of(fake: torch.Tensor, marked) -> Sizes | None:
