@@ -9,9 +9,8 @@ overflow guard runs tiles in fp32: the plan is never below what the call holds, 
 online tier budgets 12 bytes a score and holds at most 8; fp16 tiles are planned for the guard's fp32 recompute).
 
 Device kinds: the CPU as it is, and a GPU's rules (kernel.memory's device kind "other": its tile targets, chunked's
-S and P in two buffers, the GPU budget share) run on the CPU: memory._kind answers "other" and chunked's softmax
-writes into its second buffer, as it does on a GPU (tiers/chunked._softmax_out's other branch). The tensors a call
-holds are the same code's; a GPU allocator's rounding and workspaces are not measured. GPU "auto" precision
+S and P in two buffers, the GPU budget share) run on the CPU (tests/support/attention_shapes.gpu_rules). The tensors
+a call holds are the same code's; a GPU allocator's rounding and workspaces are not measured. GPU "auto" precision
 depends on the card (bf16 hardware), so the GPU kind takes the explicit precisions that give its compute dtypes.
 """
 import pytest
@@ -19,7 +18,7 @@ import torch
 
 from attention_core import plan
 from attention_core.kernel import memory, ops
-from attention_core.kernel.tiers import chunked
+from attention_shapes import gpu_rules, inputs
 from live_bytes import peak_bytes
 
 B, H, N, D = 1, 8, 1024, 64
@@ -36,21 +35,6 @@ CASES = [("chunked", 64 << 20), ("chunked", 3 << 19), ("inplace", 64 << 20), ("o
 PARAMS = [(kind, dtype, precision) for kind, modes in MODES.items() for dtype, precision in modes]
 
 
-def gpu_rules(monkeypatch):
-    """kernel.memory's GPU device kind on this CPU: its targets, budget share and chunked's two score buffers."""
-    monkeypatch.setattr(memory, "_kind", lambda device: "other")
-    monkeypatch.setattr(chunked, "_softmax_out", lambda src, s: src.scratch(1, s.shape, s.dtype))
-
-
-def inputs(layout, dtype, heads=H, n=N, dim=D, scale=1.0):
-    g = torch.Generator().manual_seed(0)
-    if layout == "heads":
-        return [torch.randn(B, heads, n, dim, generator=g).mul_(scale).to(dtype) for _ in range(3)]
-    # ComfyUI's optimized_attention: [B, N, H*D] -> reshape(b, -1, heads, dim).transpose(1, 2)
-    return [torch.randn(B, n, heads * dim, generator=g).mul_(scale).to(dtype).reshape(B, -1, heads, dim)
-            .transpose(1, 2) for _ in range(3)]
-
-
 def planned_and_held(monkeypatch, kind, layout, dtype, precision, tier, budget, heads=H, n=N, dim=D, scale=1.0):
     """(the plan's total for `tier`, the bytes the engine's call holds beyond q, k, v, the output and its fp32 row
     statistics (L, row max)) for one call of `heads` heads x n tokens x dim with `budget` bytes for the tiles."""
@@ -65,7 +49,7 @@ def planned_and_held(monkeypatch, kind, layout, dtype, precision, tier, budget, 
     assert est["tokens"] == n and est["budget"] == budget
     if kind == "gpu":
         gpu_rules(monkeypatch)
-    q, k, v = inputs(layout, dtype, heads, n, dim, scale)
+    q, k, v = inputs(layout, dtype, heads, n, dim, B, scale)
     held = peak_bytes(lambda: ops.attention_forward(q, k, v, tier=tier, precision=precision, memory_budget=budget))
     held -= B * heads * n * (dim * dtype.itemsize + 2 * 4)
     return est["tiers"][tier], held, est["compute"]

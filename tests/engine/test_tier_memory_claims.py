@@ -10,7 +10,7 @@ measured (issue 30.9). The words (nodes/attention.py, nodes/everywhere_node.py, 
 Default settings: memory_budget 0, so the tiles take their default size (kernel.memory's targets) from a share of
 the free memory (fixed here at 32 GB). Shape: Wan 2.2 5B at 832x480x9 frames, 1,170 tokens of 24 heads x 128, in
 WanVideoWrapper's convention [B, H, N, D] and in ComfyUI's layout. Device kinds: the CPU, and a GPU's rules on the
-CPU (tests/engine/test_plan_memory.py's gpu_rules: targets, budget share, chunked's S and P in two buffers).
+CPU (tests/support/attention_shapes.gpu_rules: targets, budget share, chunked's S and P in two buffers).
 Each check also holds for the planner's totals (attention_core.plan), so the planner says what is measured.
 """
 import logging
@@ -21,7 +21,7 @@ import torch
 from attention_core import plan
 from attention_core.kernel import memory, ops
 from live_bytes import peak_bytes
-from test_plan_memory import gpu_rules, inputs
+from attention_shapes import gpu_rules, inputs
 
 HEADS, N, DIM = 24, 1170, 128
 FREE = 32 << 30
