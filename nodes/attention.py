@@ -18,10 +18,9 @@ def settings_inputs(min_tokens_default: int, what: str) -> list:
         io.Combo.Input("mode", options=list(MODES), default="auto", tooltip=(
             f"auto: tiled attention for the {what} only where this GPU has no fused attention, tier chosen from "
             "free memory. chunked: fastest tier. inplace: softmax in the score tile; least memory at the default "
-            "tile size (chunked keeps a second score buffer on a GPU; on the CPU the two hold about the same). "
-            "online: FlashAttention-2 recurrence; its tiles shrink the furthest, so auto falls back to it when "
-            "nothing else fits, but at the default tile size it holds more than inplace. off: remove this pack's "
-            "patch.")),
+            "tile size. online: FlashAttention-2 recurrence; its tiles shrink the furthest (auto falls back to it "
+            "when nothing else fits), but at the default tile size it holds more than inplace. off: remove this "
+            "pack's patch.")),
         io.Int.Input("memory_budget_mb", default=0, min=0, max=1048576, step=64, tooltip=(
             "Memory the attention tiles may use, in MB. 0 = from the memory free at each call.")),
         io.Combo.Input("half_precision", options=list(HALF_POLICIES), default="keep", tooltip=(

@@ -109,13 +109,11 @@ def test_online_shrinks_furthest_and_is_what_auto_falls_back_to(kind, dtype, pre
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 CLAIMS = {  # file -> the words the tests above measure (a change of words must come with a change of measurement)
     "nodes/attention.py": ["chunked: fastest tier. inplace: softmax in the score tile; least memory at the default "
-                           "tile size (chunked keeps a second score buffer on a GPU; on the CPU the two hold about "
-                           "the same). online: FlashAttention-2 recurrence; its tiles shrink the furthest, so auto "
-                           "falls back to it when nothing else fits, but at the default tile size it holds more than "
+                           "tile size. online: FlashAttention-2 recurrence; its tiles shrink the furthest (auto falls "
+                           "back to it when nothing else fits), but at the default tile size it holds more than "
                            "inplace."],
     "nodes/everywhere_node.py": ["(chunked: fastest; inplace: least memory at the default tile size; online: its "
-                                 "tiles shrink the furthest, what auto falls back to when nothing else fits, but at "
-                                 "the default tile size it holds more than inplace)"],
+                                 "tiles shrink the furthest, for when nothing else fits)"],
     "README.md": ["`inplace` (least memory at the default tile size: chunked keeps a second score buffer on a GPU; "
                   "on the CPU the two hold about the same), `online` (its tiles shrink the furthest, so `auto` falls "
                   "back to it when nothing else fits; at the default tile size it holds more than `inplace`)"],
