@@ -233,6 +233,12 @@ def custom_node_folder(fn) -> Optional[str]:
     if not path:
         return None
     path = os.path.abspath(path)
+    root = _comfy_root()
+    if root is not None and path.startswith(root + os.sep):
+        # inside ComfyUI's own tree: only its custom_nodes folder holds packs (ComfyUI itself may be installed
+        # inside a pack's folder, as this pack's test checkouts are, so the first rule must be ComfyUI's own)
+        inner = path[len(root) + 1:].split(os.sep)
+        return os.path.splitext(inner[1])[0] if len(inner) >= 2 and inner[0] == "custom_nodes" else None
     parts = path.split(os.sep)
     if "custom_nodes" in parts[:-1]:
         i = len(parts) - 1 - parts[::-1].index("custom_nodes")
@@ -246,6 +252,17 @@ def custom_node_folder(fn) -> Optional[str]:
             if path.startswith(f + os.sep) and (best is None or len(f) > best[0]):
                 best = (len(f), os.path.basename(name))
     return best[1] if best else None
+
+
+def _comfy_root() -> Optional[str]:
+    """The folder of the running ComfyUI (the one holding its `comfy` package), or None outside ComfyUI."""
+    comfy = sys.modules.get("comfy")
+    path = getattr(comfy, "__file__", None) or next(iter(getattr(comfy, "__path__", []) or []), None)
+    if not path:
+        return None
+    path = os.path.abspath(path)
+    package = os.path.dirname(path) if os.path.basename(path) == "__init__.py" else path
+    return os.path.dirname(package)
 
 
 # ---------------------------------------------------------------------------------------------------- once per prompt

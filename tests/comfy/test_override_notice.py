@@ -288,6 +288,23 @@ def test_custom_node_folder_is_the_pack_that_defines_the_function(pack, tmp_path
     assert notice.describe(function_in(tmp_path / "elsewhere" / "x.py", "f")).startswith("module builtins: f")
 
 
+def test_comfyui_installed_inside_a_pack_folder_is_still_comfyui(pack, tmp_path, monkeypatch):
+    """ComfyUI's own code is ComfyUI's even when ComfyUI lives under some custom_nodes/<pack> folder (this pack's
+    test checkouts sit in <pack>/.cache inside ComfyUI/custom_nodes/tiled-attention): only ComfyUI's own
+    custom_nodes folder holds packs."""
+    import comfy
+    notice = mod("nodes.override_notice")
+    root = tmp_path / "ComfyUI" / "custom_nodes" / "tiled-attention" / ".cache" / "comfyui-x"
+    monkeypatch.setattr(comfy, "__file__", str(root / "comfy" / "__init__.py"), raising=False)
+    assert notice.custom_node_folder(function_in(root / "comfy" / "ldm" / "modules" / "attention.py")) is None
+    assert notice.custom_node_folder(function_in(root / "comfy_extras" / "nodes_x.py")) is None
+    assert notice.custom_node_folder(function_in(root / "custom_nodes" / "PackC" / "a" / "b.py")) == "PackC"
+    assert notice.custom_node_folder(function_in(root / "custom_nodes" / "one_file.py")) == "one_file"
+    # code outside that ComfyUI: the rules above (the folder right under the nearest custom_nodes)
+    assert notice.custom_node_folder(function_in(tmp_path / "ComfyUI" / "custom_nodes" / "tiled-attention" /
+                                                 "nodes" / "x.py")) == "tiled-attention"
+
+
 def set_model_optimized_attention(model, fn):
     if not hasattr(model, "set_model_optimized_attention"):
         pytest.skip("not applicable: this ComfyUI has no ModelPatcher.set_model_optimized_attention (0.3.75)")
