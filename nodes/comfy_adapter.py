@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -60,15 +61,39 @@ class PatchSettings:
         return self
 
     @property
-    def stats(self) -> dict:
-        """{"engine": calls the engine ran for these settings (eager and compiled), "passthrough": calls passed on
-        in eager code (inside a torch.compile graph they are not seen)}."""
-        return {"engine": counts.calls(self.count_key)[0], "passthrough": self.counted["passthrough"]}
+    def stats(self) -> "CallCounts":
+        """A live read-only mapping {"engine": calls the engine ran for these settings (eager and compiled),
+        "passthrough": calls passed on in eager code (inside a torch.compile graph they are not seen)}."""
+        return CallCounts(self)
 
     @property
     def compiled_calls(self) -> int:
         """How many of stats["engine"] ran inside torch.compile graphs."""
         return counts.calls(self.count_key)[1]
+
+
+class CallCounts(Mapping):
+    """PatchSettings.stats: read when looked at, so a reference kept while a model runs stays current."""
+    KEYS = ("engine", "passthrough")
+
+    def __init__(self, settings: PatchSettings):
+        self._settings = settings
+
+    def __getitem__(self, what):
+        if what == "engine":
+            return counts.calls(self._settings.count_key)[0]
+        if what == "passthrough":
+            return self._settings.counted["passthrough"]
+        raise KeyError(what)
+
+    def __iter__(self):
+        return iter(self.KEYS)
+
+    def __len__(self):
+        return len(self.KEYS)
+
+    def __repr__(self):
+        return repr(dict(self))
 
 
 def bind_call(args: tuple, kwargs: dict) -> dict:
