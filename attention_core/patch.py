@@ -64,7 +64,7 @@ _blocks: list = []  # [(token, Config)] of open patched() blocks, in entry order
 _last_switch = None  # (what, by): the latest enable() / disable() and where it was called from
 _local = threading.local()  # .deferred: depth of deferred() blocks; .passing: of our calls passing through
 _stats: dict = {}  # path -> {outcome: calls} of the passed and deferred calls
-_stats_lock = threading.Lock()
+_stats_lock = threading.RLock()  # reentrant: a stats() from code that interrupts record() (a trace function) cannot deadlock
 
 
 def _compile_lock():

@@ -59,6 +59,7 @@ class Switcher:
                  lambda: patch_mod.disable(close_blocks=False),
                  lambda: attention_core.enable(force=True, tier="chunked", min_tokens=4),
                  self.exit_block]
+        self.kinds = kinds
         self.cycle = itertools.islice(itertools.cycle(kinds), start, None)
         self.made = 0
 
@@ -131,6 +132,71 @@ def test_a_switch_at_every_line_of_the_router_never_breaks_a_call(start_on):
     assert F.scaled_dot_product_attention is TORCH_SDPA
     assert points >= runs * 4, (points, runs)  # every call was interrupted at several lines
     print(f"\n{runs} calls interrupted at {points} lines in all ({start_on})")
+
+
+def _line_events(fn, at=None, switch=None):
+    """fn() under sys.settrace on this thread: counts the line events in attention_core/patch.py and, at the one
+    numbered `at`, calls switch() first (then stops tracing). Returns (fn's result, line events)."""
+    seen = [0]
+
+    def local(frame, event, arg):
+        if event == "line":
+            if seen[0] == at:
+                switch()
+                sys.settrace(None)
+            seen[0] += 1
+        return local
+    sys.settrace(lambda frame, event, arg: local if frame.f_code.co_filename == patch_mod.__file__ else None)
+    try:
+        return fn(), seen[0]
+    finally:
+        sys.settrace(None)
+
+
+@pytest.mark.parametrize("start_on", ["passing", "routing", "block", "deferred"])
+def test_one_switch_of_each_kind_at_each_line_of_the_router(start_on):
+    """Exhaustive for one switch: each kind of switch made at each line the router runs, from each starting state:
+    every call is torch's answer, nothing raises (before: IndexError when a disable() came between the
+    pass-through's check of the functions ours was put over and its read of them)."""
+    q, k, v = _qkv(7)
+    want = TORCH_SDPA(q, k, v)
+    kinds = len(Switcher().kinds)
+    runs = 0
+
+    def reset():
+        attention_core.disable()
+        if start_on == "routing":
+            attention_core.enable(force=True, tier="online")
+        else:
+            attention_core.enable(min_tokens=10 ** 6)
+        sdpa = F.scaled_dot_product_attention
+        if start_on == "block":
+            return lambda: _in_block(sdpa)
+        if start_on == "deferred":
+            return lambda: _deferred(sdpa)
+        return lambda: sdpa(q, k, v)
+
+    def _in_block(sdpa):
+        with attention_core.patched(force=True, tier="chunked"):
+            return sdpa(q, k, v)
+
+    def _deferred(sdpa):
+        with patch_mod.deferred():
+            return sdpa(q, k, v)
+    _, lines = _line_events(reset())
+    assert lines >= 5, lines
+    for at in range(lines):
+        for kind in range(kinds):
+            switch = Switcher(kind)
+            try:
+                out, _ = _line_events(reset(), at, switch)
+            finally:
+                switch.close()
+            assert torch.allclose(out, want, atol=1e-5), (start_on, at, kind)
+            runs += 1
+    attention_core.disable()
+    assert F.scaled_dot_product_attention is TORCH_SDPA
+    print(f"\n{runs} calls, each with one switch ({start_on})")
 
 
 def test_a_switch_at_every_line_under_a_foreign_wrapper_never_loops_or_breaks():
