@@ -284,6 +284,11 @@ def _fold_mask(mask5, d, n, B, per_sample: bool):
     return _fold(m.expand(n, B, *m.shape[2:]) if m.shape[1] != B else m)
 
 
+# where need_stats is in the arguments after the seed (causal ... flush_to_zero, need_stats[, count_as]: torch leaves a
+# trailing argument equal to its default out of what a kernel receives, so count_as "" may be missing)
+_NEED_STATS = 10
+
+
 def _fwd_vmap(info, in_dims, q5, k4, v4, mask5, seed, *config):
     n = info.batch_size
     if in_dims[4] is not None:
@@ -291,8 +296,8 @@ def _fwd_vmap(info, in_dims, q5, k4, v4, mask5, seed, *config):
     B = _batched(q5, in_dims[0], n).shape[1]
     q, k, v = (_fold(_batched(t, d, n)) for t, d in zip((q5, k4, v4), in_dims[:3]))
     m = _fold_mask(mask5, in_dims[3], n, B, False)
-    out, lse, rowmax = attention_fwd(q, k, v, m, seed, *config)  # config ends with need_stats, count_as
-    if not config[-2]:  # need_stats=False: L and the row max are empty
+    out, lse, rowmax = attention_fwd(q, k, v, m, seed, *config)
+    if not config[_NEED_STATS]:  # need_stats=False: L and the row max are empty
         return (out.view(n, B, *out.shape[1:]), lse, rowmax), (0, None, None)
     return tuple(t.view(n, B, *t.shape[1:]) for t in (out, lse, rowmax)), (0, 0, 0)
 
