@@ -36,9 +36,11 @@ SHOWN_CHARS = 40  # at most this much of an invalid value is echoed into the log
 log = logging.getLogger("tiled_attention")
 
 # what the pack last set: the mode, its min_tokens, who set it, and the patch Config its enable() put in force
-# (None while off); replaced whole under the locks, read without them
+# (None while off); replaced whole under the locks
 Setting = namedtuple("Setting", "mode min_tokens source config")
-_lock = threading.Lock()
+# held by set_mode (inside patch.switching()) and by state() / describe(), so a report never sees the pack's setting
+# and the patch half-switched; reentrant: set_mode logs describe()
+_lock = threading.RLock()
 _setting = Setting("off", DEFAULT_MIN_TOKENS, "default", None)
 _env_applied = False
 
@@ -116,16 +118,17 @@ def state() -> dict:
     is not in force: the switch that replaced it, e.g. "disable() at myscript.py:12 in main"; else None),
     "options_from_block" (a patched() block of other code is open and its options are in force), "routed_functions"
     (ComfyUI's attention functions routed now), "stats" (attention_core.patch.stats())}."""
-    s = _setting
-    in_force = s.config is not None and patch.enabled_config() == s.config
-    switched_by = None
-    if s.config is not None and not in_force:
-        what, by = patch.last_switch() or ("a switch", "unknown")
-        switched_by = f"{what} at {by}"
-    return {"mode": s.mode if in_force else "off", "set": s.mode, "min_tokens": s.min_tokens, "source": s.source,
-            "on": in_force, "switched_by": switched_by,
-            "options_from_block": in_force and patch.config() != s.config,
-            "routed_functions": comfy_global_route.routed(), "stats": patch.stats()}
+    with _lock:
+        s = _setting
+        in_force = s.config is not None and patch.enabled_config() == s.config
+        switched_by = None
+        if s.config is not None and not in_force:
+            what, by = patch.last_switch() or ("a switch", "unknown")
+            switched_by = f"{what} at {by}"
+        return {"mode": s.mode if in_force else "off", "set": s.mode, "min_tokens": s.min_tokens,
+                "source": s.source, "on": in_force, "switched_by": switched_by,
+                "options_from_block": in_force and patch.config() != s.config,
+                "routed_functions": comfy_global_route.routed(), "stats": patch.stats()}
 
 
 def _counted(stats: dict) -> str:
@@ -142,7 +145,11 @@ def _counted(stats: dict) -> str:
 def describe(stats: bool = True) -> str:
     """One line for the start log, Attention Info and the node: the mode in force, where it acts, and the calls
     counted; who switched it off when that was not the pack."""
-    s = state()
+    with _lock:
+        return _describe(state(), stats)
+
+
+def _describe(s: dict, stats: bool) -> str:
     if s["switched_by"]:
         cfg = patch.enabled_config()
         done = ("switched the route of torch SDPA and ComfyUI's attention functions off (every call goes to torch "
@@ -155,9 +162,11 @@ def describe(stats: bool = True) -> str:
     elif not s["on"]:
         text = (f"Tiled Attention Everywhere: off (process-wide mode; set {ENV}=auto, or use the Tiled Attention "
                 f"Everywhere node, to run every attention in this ComfyUI process tiled)")
-        if patch.is_enabled():
-            what, by = patch.last_switch() or ("patched()", "unknown")
+        if patch.enabled_config() is not None:  # the latest enable() / disable() was other code's enable()
+            what, by = patch.last_switch() or ("enable()", "unknown")
             text += f"; torch SDPA is routed by other code nonetheless (attention_core {what} at {by})"
+        elif patch.is_enabled():
+            text += "; torch SDPA is routed by an open attention_core.patched() block of other code nonetheless"
         return text
     else:
         where = "where this device needs it" if s["mode"] == "auto" else f"on every device, tier {s['mode']}"

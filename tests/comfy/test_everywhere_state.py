@@ -87,6 +87,62 @@ def test_enable_with_other_options_on_the_packs_copy_is_named_and_left_alone(pac
         ew.describe()
     core.disable()
     assert ew.describe(stats=False).startswith("Tiled Attention Everywhere: off (process-wide mode")
+    with core.patched(force=True):
+        assert ew.describe(stats=False).endswith(
+            "; torch SDPA is routed by an open attention_core.patched() block of other code nonetheless")
+
+
+def test_a_report_never_sees_the_pack_half_switched(pack, ew):
+    """At every line a switch of the mode runs (set_mode on, to another tier, off: the patch, the routes, the
+    pack's setting, the log line), another thread reads state(): it either waits for the switch to finish (the
+    switching thread holds the pack's lock: that reader is parked at the lock) or reads a state that is not
+    half-switched. No reading may say "switched off by other code" (only the pack switches here). Before state()
+    took the pack's lock, the readings taken between the patch's switch and the pack's setting did."""
+    import linecache
+    import sys
+    import threading
+    everywhere = mod("nodes.everywhere")
+    files = {everywhere.__file__, mod("nodes.comfy_global_route").__file__, mod("attention_core.patch").__file__}
+    readings, readers = [], []
+
+    patch = mod("attention_core.patch")
+    locks = {(everywhere.__file__, "with _lock:"): everywhere._lock,
+             (patch.__file__, "with _stats_lock:"): patch._stats_lock}
+
+    def parked(t):
+        """Whether the reader waits at a `with <lock>:` whose lock this thread holds (it cannot pass it until this
+        thread's switch is over)."""
+        frame = sys._current_frames().get(t.ident)
+        if frame is None:
+            return False
+        lock = locks.get((frame.f_code.co_filename, linecache.getline(frame.f_code.co_filename,
+                                                                      frame.f_lineno).strip()))
+        return lock is not None and lock._is_owned()
+
+    def local(frame, event, arg):
+        if event == "line":
+            t = threading.Thread(target=lambda: readings.append(everywhere.state()), daemon=True)
+            t.start()
+            readers.append(t)
+            for _ in range(300_000):  # a bound only a deadlock reaches
+                if not t.is_alive() or parked(t):
+                    break
+                t.join(0.001)
+            else:
+                raise AssertionError("a reader neither finished nor waits for this thread's switch")
+        return local
+    for mode in ("chunked", "online", "off"):
+        sys.settrace(lambda frame, event, arg: local if frame.f_code.co_filename in files else None)
+        try:
+            everywhere.set_mode(mode, 0)
+        finally:
+            sys.settrace(None)
+    for t in readers:
+        t.join(300)
+    assert not any(t.is_alive() for t in readers)
+    assert len(readings) == len(readers) > 30, len(readings)
+    assert [r for r in readings if r["switched_by"] is not None] == []
+    assert all((r["mode"] != "off") == r["on"] for r in readings)
 
 
 def test_routes_put_back_by_other_code_are_reported(pack, ew):
