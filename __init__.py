@@ -6,6 +6,11 @@ happens per workflow, in the nodes, on clones. Under a torch older than the engi
 line and lists no nodes, so ComfyUI keeps loading the other packs."""
 import logging
 
+# the frontend's node help pages (web/docs/<node id>.md, web/docs/<node id>/<locale>.md), served by ComfyUI under
+# /extensions/<this folder's name>/, and one frontend extension (web/js/keep_translations.js: restores this pack's
+# node translations where frontend 1.32.9 drops them); translations of the nodes live in locales/
+WEB_DIRECTORY = "./web"
+
 try:
     from . import attention_core  # noqa: F401 - first: under too old a torch this raises TorchTooOld
     from .nodes import comfy_entrypoint
@@ -15,6 +20,6 @@ except ImportError as e:
     # one log line, and an empty node list so that ComfyUI loads the folder quietly and keeps running
     logging.getLogger("tiled_attention").error("[tiled-attention] not loaded: %s", e)
     NODE_CLASS_MAPPINGS = {}
-    __all__ = ["NODE_CLASS_MAPPINGS"]
+    __all__ = ["NODE_CLASS_MAPPINGS", "WEB_DIRECTORY"]
 else:
-    __all__ = ["comfy_entrypoint"]
+    __all__ = ["comfy_entrypoint", "WEB_DIRECTORY"]

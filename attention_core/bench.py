@@ -95,15 +95,11 @@ def _inputs(case, torch, requires_grad=False):
 
 def _method_fn(name, case, torch):
     """A callable (q, k, v) -> out for `name`, or a string saying why it is unavailable."""
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from attention_core.device.torch_sdpa import math_sdpa, torch_sdpa  # torch's own, even with the patch on
     if name == "math":
-        def f(q, k, v):
-            with sdpa_kernel([SDPBackend.MATH]):
-                return F.scaled_dot_product_attention(q, k, v)
-        return f
+        return lambda q, k, v: math_sdpa(q, k, v)
     if name == "torch":
-        return lambda q, k, v: F.scaled_dot_product_attention(q, k, v)
+        return lambda q, k, v: torch_sdpa(q, k, v)
     if name in ("chunked", "inplace", "online", "auto"):
         from attention_core import scaled_dot_product_attention
         return lambda q, k, v: scaled_dot_product_attention(q, k, v, tier=name)
@@ -285,9 +281,8 @@ def make_reference(case, path):
     q, k, v, dout = (t.double().requires_grad_(i < 3) for i, t in enumerate((q, k, v, dout)))
     score_bytes = c["batch"] * c["heads"] * c["n"] ** 2 * 8
     if score_bytes * 3 < 6 << 30:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        with sdpa_kernel([SDPBackend.MATH]):
-            out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        from attention_core.device.torch_sdpa import math_sdpa
+        out = math_sdpa(q, k, v)
         kind = "math64"
     else:
         from attention_core import scaled_dot_product_attention

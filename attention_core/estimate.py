@@ -53,7 +53,7 @@ class Stage:
     scale: float         # width and height of this stage over the requested size
 
 
-# from the bundled workflows: workflows/wan22_5b_*.json (KSampler 20 steps, cfg 5), workflows/ltx23_22b_*.json
+# from the bundled workflows: workflows/Wan 2.2 5B *.json (KSampler 20 steps, cfg 5), workflows/LTX-2.3 *.json
 # (LTXVScheduler 20 steps with CFGGuider 4 at half size, LTXVLatentUpsampler, ManualSigmas of 4 sigmas = 3 steps
 # with CFGGuider 1); Wan 14B has no bundled workflow: Wan's own default of 20 steps with CFG
 STAGES: Dict[str, Tuple[Stage, ...]] = {

@@ -146,7 +146,8 @@ def scaled_dot_product_attention_on_devices(query, key, value, attn_mask=None, d
         raise ValueError(f"scaled_dot_product_attention_on_devices: q has {H} heads, k/v {Hkv}; pass "
                          f"enable_gqa=True for grouped-query attention")
     groups = plan_head_split(H, Hkv, list(devices))
-    query, key, value = autocast_inputs(query, key, value)  # autocast is per thread: decide the dtype here
+    # autocast is per thread and worker threads start without it: cast here, in the caller's thread, as torch's SDPA
+    query, key, value, attn_mask = autocast_inputs(query, key, value, attn_mask)  # would be cast (mask included)
     args = (dropout_p, is_causal, scale, enable_gqa)
     if len(groups) == 1 and groups[0].device == query.device:
         return scaled_dot_product_attention(query, key, value, attn_mask, *args, **engine_kwargs)

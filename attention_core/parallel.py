@@ -391,14 +391,15 @@ def _no_heads(q, k, v, mask, return_lse):
 
 
 def _agreed(fn, group, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, engine_kwargs, return_lse):
-    """(rank, P, q, k, v) once every rank has agreed on the inputs and engine options (under autocast: cast as
-    torch's SDPA does). Nothing is sent before this, so an error here leaves the group as it was."""
+    """(rank, P, q, k, v, attn_mask) once every rank has agreed on the inputs and engine options. Under autocast
+    q, k, v and a float mask are cast first, as torch's SDPA casts them before its own checks (fp32 q with bf16 k
+    is fine under a bf16 autocast). Nothing is sent before this, so an error here leaves the group as it was."""
     err = _composition_problems(fn, group, (q, k, v, attn_mask))  # first: under vmap the shapes are per sample
+    if err is None:
+        q, k, v, attn_mask = autocast_inputs(q, k, v, attn_mask)
     err = err or _local_problems(q, k, v, attn_mask, is_causal, dropout_p) or _engine_problems(engine_kwargs)
     if err is None and not isinstance(return_lse, bool):
         err = f"return_lse must be True or False, got {return_lse!r}"
-    if err is None:
-        q, k, v = autocast_inputs(q, k, v)
     mask_grad = isinstance(attn_mask, torch.Tensor) and attn_mask.requires_grad and torch.is_grad_enabled()
     flags = [float(bool(is_causal)), -1.0 if scale is None else float(scale), float(bool(enable_gqa)),
              float(dropout_p), float(mask_grad)]  # as _FLAGS names them; Ulysses moves a mask that needs a grad
@@ -408,7 +409,7 @@ def _agreed(fn, group, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_g
                    f"attention (as torch's SDPA requires)")
         elif k.shape[1] == 0 or q.shape[1] % k.shape[1]:
             err = f"GQA needs q heads ({q.shape[1]}) divisible by k/v heads ({k.shape[1]})"
-    return (*_agree(fn, group, q, k, v, attn_mask, flags, err), q, k, v)
+    return (*_agree(fn, group, q, k, v, attn_mask, flags, err), q, k, v, attn_mask)
 
 
 _UNSUPPORTED = "does not support"  # "<fn> does not support ...": a refused composition (NotImplementedError)
@@ -521,8 +522,8 @@ def ulysses_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, s
     all-to-all to head shards, the engine's scaled_dot_product_attention on full sequences, all-to-all back.
     return_lse=True: (out, lse), lse [B, H, N/P] this rank's rows (as the engine's return_lse)."""
     fn = "ulysses_attention"
-    rank, P, q, k, v = _agreed(fn, group, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                               engine_kwargs, return_lse)
+    rank, P, q, k, v, attn_mask = _agreed(fn, group, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                                          engine_kwargs, return_lse)
     B, H, n, _ = q.shape
     Hkv = k.shape[1]
     if H == 0:  # every rank agreed on no heads: torch's empty result, nothing to exchange
@@ -710,8 +711,8 @@ def ring_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scal
     K/V blocks around the ring, partial results merged with their log-sum-exp; causal runs load-balanced.
     return_lse=True: (out, lse), lse [B, H, N/P] this rank's rows (as the engine's return_lse)."""
     fn = "ring_attention"
-    rank, P, q, k, v = _agreed(fn, group, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                               engine_kwargs, return_lse)
+    rank, P, q, k, v, attn_mask = _agreed(fn, group, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                                          engine_kwargs, return_lse)
     if dropout_p > 0:
         raise NotImplementedError(f"{fn}: dropout_p={dropout_p} is not supported by the ring (its blocks would "
                                   f"need one dropout pattern across ranks); use ulysses_attention for dropout.")

@@ -11,7 +11,9 @@ Score memory of one self-attention call (batch item count `batch`, h heads, N to
                         rows; else 512 rows x sqrt(N) keys; scores + probabilities: 2 * b*h * x * N * e
   ComfyUI split         3 * b*h * N * N * e needed; 2^ceil(log2(need / free)) slices (refuses over 64), and only
                         when N divides by the slice count (else one slice: the whole matrix); 2 * slice scores
-  this pack             one tile: bytes_per_score(tier) * b*h_tile * rows * keys (the planner's rules below)
+  this pack             the engine's tile (kernel.memory: sized by bytes_per_score) at the bytes a score it holds
+                        (held_score_bytes) * b*h_tile * rows * keys, + its rows' query / output / accumulator
+                        tensors (row_bytes), K/V copies, the fp16 guard's fp32 K, a head group's own output
 FFN hidden activation: 2 * b * N * ffn_width * e (before and after the GELU), divided by the chunk count.
 Pure arithmetic: no torch import at module level, nothing allocated.
 """
@@ -180,6 +182,21 @@ def score_bytes(tier: str, compute: str, cpu: bool = False) -> int:
     return {"chunked": (1 if cpu else 2) * isz, "inplace": isz, "online": isz + 2 * 4}[tier]
 
 
+def held_score_bytes(tier: str, compute: str, cpu: bool = False) -> int:
+    """Bytes per score a tile really holds at most (attention_core/kernel/tiers/*.py), where the engine sizes its
+    tiles by score_bytes: the same, except
+      chunked / inplace in fp16: a tile the overflow guard recomputes in fp32 holds fp32 scores (chunked on a GPU:
+               S and P) and P cast back to fp16 for the P V GEMM: 4 (or 8) + 2 bytes
+      online:  the previous key tile's weights are still alive while the next scores are computed: 2 x 4 bytes
+               in fp32; in half precision the scores (2) and their fp32 weights (4) beside them: 10 bytes (it
+               sizes by 12, and by 10 in bf16)."""
+    if tier == "online":
+        return 8 if compute == "fp32" else 10
+    if compute == "fp16":
+        return (8 if tier == "chunked" and not cpu else 4) + 2
+    return score_bytes(tier, compute, cpu)
+
+
 def kv_copy_bytes(batch: int, heads: int, n: int, head_dim: int, dtype: str, compute: str, layout: str,
                   all_heads: bool) -> int:
     """K and V as the tiles read them (attention_core.kernel.tiles.TileSource): copied once per call (per head group)
@@ -190,9 +207,45 @@ def kv_copy_bytes(batch: int, heads: int, n: int, head_dim: int, dtype: str, com
     return 2 * batch * heads * n * head_dim * DTYPE_BYTES[compute] if copied else 0
 
 
+# fp32 row statistics a tile row holds at most at once besides its head_dim-wide tensors (row max, row sum, the
+# running max and its safe copy, the rescale factor, log l), in bytes
+ROW_STATS_BYTES = 8 * 4
+
+
+def row_bytes(tier: str, compute: str, dtype: str, head_dim: int) -> int:
+    """Bytes the engine holds per tile row (one query row of one head of one batch item) besides the scores, at the
+    worst moment of its loop (attention_core/kernel/tiers/*.py). c: the compute dtype's bytes; q: the query tile's
+    (c, or 4 in fp16, whose overflow guard may run a tile in fp32); t: q when the query tile is a converted copy
+    (q.to(...), then times scale), else 0; x: head_dim.
+      chunked  two query tiles while the next one is made (the old one is still bound to the loop variable) with
+               the previous output (c x) still bound, or one query tile and two outputs while the next output is
+               made: max(2 q + t + c, q + 2 c) x
+      inplace  the query tile, the output of P V (c x) and its fp32 normalised copy (4 x), with the previous
+               tile's fp32 output still bound or, when c is 2, an fp32 temporary: (q + c + 4 + (4 if c == 2)) x
+      online   the query tile, the fp32 accumulator and two P V products (the previous one still bound; fp32 in
+               fp16, whose guard may ask for it) while a key tile runs, or two query tiles (+ t), two accumulators
+               and a product when the next query tile starts: max(q + 4 + 2 p, 2 q + t + 8 + p) x
+    plus ROW_STATS_BYTES. The whole output and its row statistics are not counted (the plan's "beyond q, k, v and
+    the output")."""
+    c = DTYPE_BYTES[compute]
+    q = 4 if compute == "fp16" else c
+    t = q if (compute != dtype or compute == "fp16") else 0
+    if tier == "chunked":
+        per = max(2 * q + t + c, q + 2 * c)
+    elif tier == "inplace":
+        per = q + c + 4 + (4 if c == 2 else 0)
+    elif tier == "online":
+        p = 4 if compute == "fp16" else c
+        per = max(q + 4 + 2 * p, 2 * q + t + 8 + p)
+    else:
+        raise ValueError(f"unknown tier {tier!r}; choose from {TIERS}")
+    return per * head_dim + ROW_STATS_BYTES
+
+
 def guard_bytes(batch: int, heads: int, n: int, head_dim: int, compute: str) -> int:
-    """fp16 tiles' overflow guard: the row-norm bound of K (then Q) of a head group reads an fp32 copy of it,
-    freed before the tiles run."""
+    """fp16 tiles' overflow guard: the row-norm bound of K (then Q) of a head group reads an fp32 copy of it before
+    the tiles run, and a tile the guard runs in fp32 reads K through an fp32 copy kept for the rest of the call
+    (TileSource.k32): 4 x B x H x N x D bytes alongside the tiles."""
     return 4 * batch * heads * n * head_dim if compute == "fp16" else 0
 
 
@@ -240,12 +293,13 @@ def pack_tile(tier: str, bh_kv: int, g: int, n: int, elem: int, budget: int, cpu
     return {"rows": rows, "keys": bk, "heads": heads, "bytes": per * g * rows * bk * heads}
 
 
-def pack_floor(tier: str, n: int, elem: int, cpu: bool = False) -> int:
-    """The least a tier can run with: one head, MIN_BLOCK rows, full key rows (chunked/inplace) or MIN_BLOCK
-    keys (online)."""
+def pack_floor(tier: str, n: int, elem: int, cpu: bool = False, per: Optional[int] = None) -> int:
+    """The least budget a tier can run with (the engine's sizing rule): one head, MIN_BLOCK rows, full key rows
+    (chunked/inplace) or MIN_BLOCK keys (online), at `per` bytes a score (default: tier_bytes_per_score of `elem`;
+    estimate passes score_bytes of the compute dtype, as it does for the tile)."""
     from .kernel.memory import MIN_BLOCK
     keys = n if tier != "online" else MIN_BLOCK
-    return tier_bytes_per_score(tier, elem, cpu) * MIN_BLOCK * keys
+    return (per or tier_bytes_per_score(tier, elem, cpu)) * MIN_BLOCK * keys
 
 
 def ffn_bytes(batch: int, n: int, ffn: int, elem: int, chunks: int = 1) -> int:
@@ -296,17 +350,21 @@ def estimate(model: str, width: int, height: int, frames: int, free: int, dtype_
     compute = compute_dtype(dtype, cpu, precision)
     tiers = {}
     for t in TIERS:
-        tile = pack_tile(t, spec.heads, batch, n, e, budget, cpu, per=score_bytes(t, compute, cpu),
-                         head_dim=spec.head_dim)
-        tiers[t] = {"tile": tile, "floor": pack_floor(t, n, e, cpu)}
-        if tile is not None:  # what the call holds beyond q, k, v and the output: K/V copies + tile (or guard)
+        per = score_bytes(t, compute, cpu)
+        tile = pack_tile(t, spec.heads, batch, n, e, budget, cpu, per=per, head_dim=spec.head_dim)
+        tiers[t] = {"tile": tile, "floor": pack_floor(t, n, e, cpu, per=per)}
+        if tile is not None:  # the engine's tile, with the bytes it holds (it budgets score_bytes a score)
+            tile["bytes"] = held_score_bytes(t, compute, cpu) * batch * tile["rows"] * tile["keys"] * tile["heads"]
+            # what the call holds beyond q, k, v and the output: K/V copies, the fp16 guard's fp32 K, a head group's
+            # own output, the tile and its rows
             h = tile["heads"]
             copies = kv_copy_bytes(batch, h, n, spec.head_dim, dtype, compute, layout, h >= spec.heads)
             # a head-split call runs each group into its own output (and fp32 row statistics), then copies it over
             group = 0 if h >= spec.heads else batch * h * n * (spec.head_dim * DTYPE_BYTES[dtype] + 2 * 4)
-            tiers[t].update(copies=copies, group_out=group,
-                            total=copies + group + max(tile["bytes"], guard_bytes(batch, h, n, spec.head_dim,
-                                                                                  compute)))
+            rows = batch * h * tile["rows"] * row_bytes(t, compute, dtype, spec.head_dim)
+            guard = guard_bytes(batch, h, n, spec.head_dim, compute)
+            tiers[t].update(copies=copies, group_out=group, rows=rows, guard=guard,
+                            total=copies + group + guard + tile["bytes"] + rows)
     auto = next((t for t in TIERS if tiers[t]["tile"] is not None), None)
     chunks = ffn_auto_chunks(batch, n, spec.ffn, e, free)
     return {
@@ -366,9 +424,15 @@ def report(est: dict) -> str:
         out.append(f"    this pack: {t:<8}          {shown}")
         if tile and est["tiers"][t]["total"] != tile["bytes"]:
             tt = est["tiers"][t]
-            extra = f" + a head group's output {_gb(tt['group_out'])}" if tt["group_out"] else ""
-            out.append(f"      + K/V copies {_gb(tt['copies'])} ({est['compute']}, {tile['heads']} head(s)){extra} "
-                       f"-> {_gb(tt['total'])} in all")
+            parts = [f"K/V copies {_gb(tt['copies'])} ({est['compute']}, {tile['heads']} head(s))"] \
+                if tt["copies"] else []
+            if tt["guard"]:
+                parts.append(f"fp16 guard's fp32 K {_gb(tt['guard'])}")
+            if tt["group_out"]:
+                parts.append(f"a head group's output {_gb(tt['group_out'])}")
+            parts.append(f"query/output rows {_gb(tt['rows'])}")
+            line, total = f"      + {', '.join(parts)}", f"-> {_gb(tt['total'])} in all"
+            out += [f"{line} {total}"] if len(line) + len(total) < 116 else [line, f"        {total}"]
     out += ["", "  feed-forward hidden activation (per block call):",
             f"    unchunked                    {_gb(est['ffn_full'])}   ({n:,} tokens x {s.ffn:,} x 2)",
             f"    FFN Chunking (auto)          {_gb(est['ffn_chunked'])}   ({est['ffn_chunks']} chunk(s))",

@@ -1,6 +1,7 @@
 """The public entry point: torch's SDPA arguments and semantics in, the engine's custom op called, torch's layout out.
 
-Validates the engine's options, applies torch's autocast rule, normalises the call to the canonical layout
+Validates the engine's options, applies torch's autocast rule (kernel/autocast.py: q, k, v and a float mask cast to
+the autocast dtype), checks torch's arguments as torch does (problem.py), normalises the call to the canonical layout
 (problem.py; CausalBias masks included) and calls tiled_attention::fwd (autograd.py), which plans tiles inside.
 """
 from __future__ import annotations
@@ -21,7 +22,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                  precision="auto", flush_to_zero=None, return_lse=False, count_as=""):
     """torch.nn.functional.scaled_dot_product_attention, computed in tiles with O(N) memory.
 
-    Same arguments and result as torch's (math backend; attn_mask may be a tensor or a CausalBias), plus:
+    Same arguments and result as torch's (math backend; attn_mask may be a tensor or a CausalBias), the same
+    refusals (exception types of torch's: TypeError for a non-bool is_causal, RuntimeError for a float64 mask
+    with a float32 query, ...) and, under torch.autocast, the same casts (dtype in, dtype out); plus:
       tier           "auto" (largest tier that fits free memory), "chunked", "inplace" or "online" (TIER_CHOICES)
       block_q/_kv    force tile sizes (tests; "auto" sizes them from memory)
       memory_budget  bytes the tiles may use (default: a share of the device's free memory)
@@ -41,7 +44,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                         f"{type(count_as).__name__}")
     if not isinstance(query, torch.Tensor):
         raise TypeError(f"scaled_dot_product_attention: query must be a tensor, got {type(query).__name__}")
-    query, key, value = autocast_inputs(query, key, value)
+    query, key, value, attn_mask = autocast_inputs(query, key, value, attn_mask)  # as torch's SDPA, before its checks
     p = normalize(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, draw_seed=False)
     seed = torch.randint(0, 2 ** 62, (), dtype=torch.int64) if p.dropout_p > 0 else None
     out5, lse = tiled_attention(p.q5, p.k4, p.v4, p.mask5, seed, p.causal, p.causal_offset, p.scale, p.dropout_p,

@@ -14,6 +14,7 @@ import torch
 
 from . import cli_args
 from .device.detection import detect
+from .device.torch_sdpa import math_sdpa
 from .sdpa import scaled_dot_product_attention
 from .kernel.tiers import ORDER as TIERS
 
@@ -21,10 +22,10 @@ TOLERANCE = {torch.float32: 2e-5, torch.float16: 5e-3, torch.bfloat16: 4e-2}
 
 
 def _reference(q, k, v, **kw):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    with sdpa_kernel([SDPBackend.MATH]):
-        return torch.nn.functional.scaled_dot_product_attention(q.double().cpu(), k.double().cpu(), v.double().cpu(),
-                                                                **kw)
+    """torch's own math SDPA in float64 on the CPU: the builtin, so that a process where the global patch or the
+    process-wide mode is on (torch.nn.functional's attribute is the engine there) still checks the engine against
+    torch, never against itself."""
+    return math_sdpa(q.double().cpu(), k.double().cpu(), v.double().cpu(), **kw)
 
 
 def cases(device: torch.device):

@@ -2,6 +2,7 @@
 (text encoder) or a VAE (its attention blocks). Each patches a clone; the input object is untouched."""
 from __future__ import annotations
 
+from . import override_notice
 from .api import io
 from .comfy_adapter import HALF_POLICIES, MODES, PatchSettings, install
 from .connector_route import route_connectors
@@ -16,8 +17,10 @@ def settings_inputs(min_tokens_default: int, what: str) -> list:
     return [
         io.Combo.Input("mode", options=list(MODES), default="auto", tooltip=(
             f"auto: tiled attention for the {what} only where this GPU has no fused attention, tier chosen from "
-            "free memory. chunked: fastest tier. online: least memory (FlashAttention-2 recurrence). inplace: "
-            "softmax in the score tile. off: remove this pack's patch.")),
+            "free memory. chunked: fastest tier. inplace: softmax in the score tile; least memory at the default "
+            "tile size. online: FlashAttention-2 recurrence; its tiles shrink the furthest (auto falls back to it "
+            "when nothing else fits), but at the default tile size it holds more than inplace. off: remove this "
+            "pack's patch.")),
         io.Int.Input("memory_budget_mb", default=0, min=0, max=1048576, step=64, tooltip=(
             "Memory the attention tiles may use, in MB. 0 = from the memory free at each call.")),
         io.Combo.Input("half_precision", options=list(HALF_POLICIES), default="keep", tooltip=(
@@ -82,9 +85,12 @@ class PatchAttention(io.ComfyNode):
     @classmethod
     def execute(cls, model, mode, memory_budget_mb, half_precision, min_tokens, devices="") -> io.NodeOutput:
         settings = make_settings(cls.NODE, mode, memory_budget_mb, half_precision, min_tokens, devices)
+        replaced = override_notice.earlier_patch(model)
         m = install(model, settings)
         override = m.model_options.get("transformer_options", {}).get("optimized_attention_override")
         route_connectors(m, override if mode != "off" else None)
+        # sampling without this override in force (a later node replaced it) is said once per prompt
+        override_notice.watch(m, override if mode != "off" else None, cls.NODE, replaced)
         return io.NodeOutput(m)
 
 

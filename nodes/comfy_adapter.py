@@ -117,20 +117,36 @@ def bind_call(args: tuple, kwargs: dict) -> dict:
     return call
 
 
-def to_heads(call: dict, enable_gqa: bool):
-    """q, k, v as [B, H, N, D] plus what is needed to shape the result back."""
+def to_heads(call: dict, enable_gqa: bool, node: str):
+    """q, k, v as [B, H, N, D] plus what is needed to shape the result back. `node` names the route taking the call
+    (the Patch Attention node, or Tiled Attention Everywhere) in the error for heads that do not split q."""
     q, k, v, heads = call["q"], call["k"], call["v"], int(call["heads"])
     if call["skip_reshape"]:
         return q, k, v
     b = q.shape[0]
     if heads <= 0 or q.shape[-1] % heads:
-        raise ValueError(f"Patch Attention (tiled): q of shape {tuple(q.shape)} does not split into {heads} heads")
+        raise ValueError(heads_error(node, q, k, heads))
     dim_head = q.shape[-1] // heads
     kv_heads = k.shape[-1] // dim_head if enable_gqa else heads
     q = q.reshape(b, -1, heads, dim_head).transpose(1, 2)
     k = k.reshape(b, -1, kv_heads, dim_head).transpose(1, 2)
     v = v.reshape(b, -1, kv_heads, v.shape[-1] // kv_heads).transpose(1, 2)
     return q, k, v
+
+
+def heads_error(node: str, q: torch.Tensor, k: torch.Tensor, heads: int) -> str:
+    """The error for an attention call whose q ([batch, tokens, heads * head_dim]) does not split into `heads`."""
+    tokens = max(q.shape[-2], k.shape[-2])
+    if node.startswith("attention backend"):
+        change = "choose another attention backend for this model"
+    else:
+        change = (f"set {node}'s min_tokens to {tokens + 1} or more (or its mode to off) so that such calls keep "
+                  f"ComfyUI's own attention")
+    why = (f"the last axis, {q.shape[-1]}, is not a multiple of {heads}" if heads > 0 else
+           "there must be at least one head")
+    return (f"{node}: q of shape {tuple(q.shape)} (k {tuple(k.shape)}) does not split into {heads} heads: ComfyUI's "
+            f"layout is [batch, tokens, heads * head_dim], and {why}. The code making this attention call (the "
+            f"model, or the node that runs it) passed heads={heads} for that width. To run it anyway, {change}.")
 
 
 def sdpa_mask(mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -214,7 +230,7 @@ def make_override(settings: PatchSettings, previous=None):
 
 def run_engine(settings: PatchSettings, call: dict, kwargs: dict) -> torch.Tensor:
     enable_gqa = bool(kwargs.get("enable_gqa", False))
-    q, k, v = to_heads(call, enable_gqa)
+    q, k, v = to_heads(call, enable_gqa, settings.node)
     precision = _PRECISION[settings.half_precision]
     if call["attn_precision"] == torch.float32 or (kwargs.get("low_precision_attention") is False
                                                    and precision == "fp16"):

@@ -7,6 +7,7 @@ from ..attention_core import detect
 from .api import io
 from .comfy_adapter import comfy_default_attention
 from .everywhere import describe as everywhere_state
+from .override_notice import report_line as override_notice_line
 
 
 def _device():
@@ -39,6 +40,7 @@ def report_text() -> str:
     lines.append(everywhere_state())
     if not r.bf16_hardware and r.vendor == "amd":
         lines.append("bf16: no hardware support; use fp16 weights (--force-fp16 or weight_dtype) for speed.")
+    lines.append(override_notice_line())  # a model that sampled without Patch Attention's override in force
     return "\n".join(lines)
 
 
@@ -49,8 +51,9 @@ class AttentionInfo(io.ComfyNode):
             node_id="TiledAttentionInfo",
             display_name="Attention Info",
             category="model_patches/attention",
-            description=("What this GPU has: arch, bf16 hardware, working SDPA backends, and what Patch Attention "
-                         "does."),
+            description=("What this GPU has: arch, bf16 hardware, working SDPA backends, what Patch Attention "
+                         "does, and the latest notice of a model that sampled without Patch Attention's override in "
+                         "force (another node replaced it)."),
             inputs=[],
             outputs=[io.String.Output()],
             is_output_node=True,

@@ -13,6 +13,9 @@ Command line::
 
     python tools/workflow_api.py WORKFLOW.json [--object-info FILE | --server URL] [--queue]
 
+A bundled workflow's old file name (``workflows/wan22_5b_t2v_480p.json``, before they were named as the
+Templates browser shows them) still works: it converts the renamed file (``RENAMED_WORKFLOWS``).
+
 Without ``--queue`` the prompt is printed (or written with ``-o``).  With
 ``--queue`` it is posted to ``SERVER/prompt`` as ``{"prompt": ..., "extra_data":
 {"extra_pnginfo": {"workflow": ...}}}`` (the same shape the frontend sends, so
@@ -51,6 +54,7 @@ supported and raise ``ValueError``.
 
 import argparse
 import json
+import os
 import sys
 import urllib.error
 import urllib.parse
@@ -68,9 +72,21 @@ __all__ = [
     "types_compatible",
     "parse_links",
     "load_object_info",
+    "RENAMED_WORKFLOWS",
+    "renamed_workflow",
 ]
 
 FRONTEND_ONLY_TYPES = frozenset({"Note", "MarkdownNote", "Reroute", "PrimitiveNode"})
+# The bundled workflows were renamed to the titles ComfyUI's Templates browser shows (it shows a pack's
+# template by its file name); a path to an old name that is gone converts the renamed file in the same folder.
+RENAMED_WORKFLOWS = {
+    "ltx23_22b_i2v_av_720p.json": "LTX-2.3 Image to Video 720p.json",
+    "ltx23_22b_t2v_av_1080p.json": "LTX-2.3 Text to Video 1080p.json",
+    "ltx23_22b_t2v_av_720p.json": "LTX-2.3 Text to Video 720p.json",
+    "wan22_5b_i2v_480p.json": "Wan 2.2 5B Image to Video 480p.json",
+    "wan22_5b_t2v_480p.json": "Wan 2.2 5B Text to Video 480p.json",
+    "wan22_5b_t2v_720p.json": "Wan 2.2 5B Text to Video 720p.json",
+}
 NOTE_TYPES = frozenset({"Note", "MarkdownNote"})
 
 MODE_ALWAYS = 0
@@ -565,6 +581,17 @@ def parse_json(data, what):
         raise CliError(f"{what}: {e}") from None
 
 
+def renamed_workflow(path):
+    """The path of the renamed bundled workflow that a path to its old file name stands for, when the old file
+    is gone and the renamed one is in the same folder; else None."""
+    folder, name = os.path.split(path)
+    new = RENAMED_WORKFLOWS.get(name)
+    if new is None or os.path.exists(path):
+        return None
+    new_path = os.path.join(folder, new)
+    return new_path if os.path.isfile(new_path) else None
+
+
 def read_json_file(path, what):
     try:
         with open(path, "rb") as f:
@@ -615,6 +642,10 @@ def _run(args):
     if server is None and (args.queue or not args.object_info):
         server = "http://127.0.0.1:8188"
 
+    renamed = renamed_workflow(args.workflow)
+    if renamed:
+        print(f"note: {args.workflow} was renamed to {os.path.basename(renamed)!r}; converting that", file=sys.stderr)
+        args.workflow = renamed
     workflow = read_json_file(args.workflow, "workflow")
     if not isinstance(workflow, dict):
         raise CliError(f"workflow {args.workflow!r} must be a JSON object, got {type(workflow).__name__}")

@@ -6,4 +6,5 @@
     jsonfile       JSON files on the user's disk as untrusted input (atomic writes, validated reads)
     machine_load   how busy other processes kept the CPUs while something was timed
     torch_version  the oldest torch the engine runs on, checked first when the package is imported
+    torch_sdpa     torch's own SDPA (the builtin), whatever is patched: the yardstick of selfcheck, bench, calibrate
 """

@@ -14,6 +14,7 @@ One file per duty of the wrapper:
     chunking.py    how many chunks (from free memory), the pieces, the chunked computation
     exactness.py   the check that chunking is exact for this module (two token partitions agree)
     state.py       the verdicts per signature, and the registry a compiled graph finds its wrapper by
+    traced_sizes.py  under torch.compile: the input's sizes as the trace knows them, and which must stay symbolic
 """
 from .wrapper import ChunkedFFN, chunk_ffn, unchunk_ffn
 

@@ -6,8 +6,9 @@ signature's verdict (state.py) or else the exactness check (exactness.py), then 
 plain call. Calls the chunking cannot represent (no tensor input, tokens along the last axis, a tensor argument
 with a per-token axis, outputs that are not one tensor with one row per input token) run unchunked.
 
-Inside torch.compile the call is decided once per traced signature (state.py); calls with extra arguments or
-symbolic shapes run unchunked in the graph; `calls_chunked` counts eager calls only.
+Inside torch.compile the call is decided once per traced signature (state.py) on the sizes the trace knows
+(traced_sizes.py); calls with extra arguments, or whose token count must stay symbolic (marked dynamic), run unchunked
+in the graph; `calls_chunked` counts eager calls only.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from collections import OrderedDict
 
 import torch
 
-from . import exactness, state
+from . import exactness, state, traced_sizes
 from .chunking import chunk_count, hidden_features, piece_sizes, run_pieces
 from .signature import call_key, has_per_token_argument, signature_of, token_dim
 
@@ -88,7 +89,7 @@ class ChunkedFFN:
         return bool(owner.training) if owner is not None else None
 
     def __call__(self, x, *args, **kwargs):
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_dynamo_compiling():  # this thread's trace (is_compiling(): any thread's, torch 2.14)
             return self._traced_call(x, args, kwargs)
         dim = token_dim(x, self.dim)
         if dim is None or not x.is_floating_point():
@@ -123,23 +124,24 @@ class ChunkedFFN:
     def _traced_call(self, x, args, kwargs):
         """The call inside a torch.compile trace: no Python state is read or written in the graph (no guard, no
         recompile, no graph break). Whether and in how many chunks to run is decided once per traced signature by
-        state.decide_while_tracing, which dynamo runs as plain Python while it traces (a constant of the graph).
-        Calls with extra arguments, and inputs with a size marked dynamic (torch._dynamo.mark_dynamic: it may not
-        be specialized), run unchunked. Any other dynamic (symbolic) shape (dynamic=True, automatic dynamic shapes)
-        is made concrete with operator.index (dynamo specializes the graph on it; int() does not): each new token
-        count compiles its own graph, as with dynamic=False. The decision takes constants only, and traced code
-        cannot tell a symbolic size from an int (both are int to it); a symbolic shape there failed the fullgraph
-        compile."""
+        state.decide_while_tracing, which dynamo runs as plain Python while it traces (a constant of the graph), on
+        the sizes traced_sizes.note reads off the trace: each size's value at trace time, and whether it must stay
+        symbolic. Calls with extra arguments run unchunked. A token count that must stay symbolic (its expression
+        holds a size marked by torch._dynamo.mark_dynamic, on the block's input or any other: a guard pinning it
+        fails the compile) runs unchunked; any other token count is made concrete with operator.index (dynamo
+        specializes the graph on it, each new token count compiles its own graph, as with dynamic=False; int()
+        does not specialize), since the pieces need it. The other sizes are never made concrete: the decision
+        takes their values at trace time (a batch marked dynamic stays one graph for every batch)."""
         dim = token_dim(x, self.dim)
         if dim is None or not x.is_floating_point() or args or kwargs:
             return self._forward(x, *args, **kwargs)
-        if getattr(x, "_dynamo_dynamic_indices", None):  # sizes marked dynamic (mark_dynamic) stay symbolic: unchunked
-            return self._forward(x)
-        shape, dim = tuple(operator.index(s) for s in x.shape), operator.index(dim)  # dim: self.dim may be symbolic
-        chunks = state.decide_while_tracing(self, shape, x.dtype, x.device, dim, self._training())
+        key, dim = operator.index(self._trace_key), operator.index(dim)  # both may be traced as symbolic ints
+        traced_sizes.note(key, x)
+        chunks = state.decide_while_tracing(key, dim, x.dtype, x.device, self._training())
         if chunks <= 1:
             return self._forward(x)
-        out = self._run(x, piece_sizes(shape[dim], chunks), dim, (), {})
+        n = operator.index(x.shape[dim])  # not marked (the decision said so): specialized, the pieces need it
+        out = self._run(x, piece_sizes(n, chunks), dim, (), {})
         return self._forward(x) if out is None else out
 
     def decide(self, shape, dtype, device, dim, training) -> int:

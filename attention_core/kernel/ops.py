@@ -108,7 +108,8 @@ def attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None, enab
     """(out, lse): out as torch's SDPA ([B, H, Lq, Ev], the input dtype); lse [B, H, Lq] (see the module doc).
 
     engine_kwargs: tier, block_q, block_kv, memory_budget, precision, flush_to_zero (see
-    scaled_dot_product_attention). Runs without autograd; pair it with attention_backward. Forward-mode AD
+    scaled_dot_product_attention). Under torch.autocast the inputs are cast as torch's SDPA casts them (so out is in
+    the autocast dtype). Runs without autograd; pair it with attention_backward. Forward-mode AD
     (dual tensors, torch.func.jvp) raises: it would get no tangent here."""
     if forward_mode_active((q, k, v, attn_mask if isinstance(attn_mask, torch.Tensor) else None)):
         raise RuntimeError("attention_core.kernel.ops.attention_forward runs without autograd, so forward-mode AD "
@@ -117,7 +118,7 @@ def attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None, enab
                            "which has the forward-mode rule")
     memory_budget = check_options(**engine_kwargs)
     engine_kwargs["memory_budget"] = memory_budget
-    q, k, v = autocast_inputs(q, k, v)
+    q, k, v, attn_mask = autocast_inputs(q, k, v, attn_mask)  # as torch's SDPA under torch.autocast
     with torch.no_grad():
         p = normalize(q, k, v, attn_mask, 0.0, is_causal, scale, enable_gqa)
         out5, lse, _ = forward_canonical(p.q5, p.k4, p.v4, p.mask5, _seed(dropout_p, dropout_seed), p.causal,
@@ -136,13 +137,15 @@ def attention_backward(dout, q, k, v, out, lse, attn_mask=None, is_causal=False,
     With this block's own out and lse these are the full gradients. With the GLOBAL out and lse of a larger
     attention of which (k, v) is one block of keys (ring attention), they are exactly this block's contribution:
     dS = P * (dP - rowsum(dO * O)) with P = exp(S - L) only needs the global O and L, so summing dq over the
-    blocks and taking dk, dv per block gives the gradients of the whole attention. Flush-to-zero is not applied."""
+    blocks and taking dk, dv per block gives the gradients of the whole attention. Flush-to-zero is not applied.
+    Under torch.autocast q, k, v (and a float mask) are cast as attention_forward casts them, and dq, dk, dv come
+    back in the dtypes q, k, v were given in (as autograd returns them through torch's own autocast casts)."""
     memory_budget = check_options(**engine_kwargs)
     engine_kwargs["memory_budget"] = memory_budget
-    q, k, v = autocast_inputs(q, k, v)
-    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
-    with torch.enable_grad():  # the views from the caller's layout to q5/k4/v4, so autograd sums broadcast dims
-        p = normalize(*leaves, attn_mask, 0.0, is_causal, scale, enable_gqa)
+    leaves = [t.detach().requires_grad_(True) if isinstance(t, torch.Tensor) else t for t in (q, k, v)]
+    with torch.enable_grad():  # autocast's casts and the views from the caller's layout to q5/k4/v4, so autograd
+        *cast, attn_mask = autocast_inputs(*leaves, attn_mask)  # sums broadcast dims and returns each gradient
+        p = normalize(*cast, attn_mask, 0.0, is_causal, scale, enable_gqa)  # in its input's own dtype
     B, Hkv, G, Lq, Ev = p.B, p.Hkv, p.G, p.Lq, p.Ev
     dq5, dk4, dv4, _ = backward_canonical(
         dout.reshape(B, Hkv, G, Lq, Ev), None if dlse is None else dlse.reshape(B, Hkv, G, Lq),

@@ -12,11 +12,17 @@ Causal masks: is_causal=True and torch's CausalBias upper-left mean key j is vis
 CausalBias lower-right iff j <= i + (Lk - Lq) (causal_offset), without a mask tensor in either case.
 
 GQA is never materialised: the G query heads of one kv head are stacked along the rows of one GEMM
-((G*bq) x E @ E x Lk). Every reshape here is a view unless the caller broadcast a batch or head dim.
+((G*bq) x E @ E x Lk). Every reshape here is a view unless the caller broadcast a batch or head dim, or gave key
+and value head counts of their own (torch repeats each by its own factor; both are repeated to their lcm here).
+
+normalize() first checks the arguments as torch's SDPA does (check_arguments: the types its argument parser takes,
+validate_sdpa_input's dtype / device / rank rules, its math backend's dropout and GQA rules), raising torch's
+exception types.
 """
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, replace
 from typing import Optional
 
@@ -144,35 +150,117 @@ def causal_bias(attn_mask, is_causal: bool, Lq: int, Lk: int, device=None):
     raise ValueError(f"CausalBias.variant must be a CausalVariant type, but found: {attn_mask.variant}")
 
 
-def normalize(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-              enable_gqa=False, draw_seed: bool = True) -> AttentionProblem:
-    """Validate arguments with torch's rules and build the canonical problem (differentiable views).
-    draw_seed=False leaves dropout_seed 0 (the caller passes its own seed to the op)."""
+def _type_name(x) -> str:
+    t = type(x)
+    return t.__name__ if t.__module__ in ("builtins", "torch") else f"{t.__module__}.{t.__name__}"
+
+
+def _binding_error(name: str, want: str, x) -> TypeError:
+    """torch's argument parser's TypeError for an argument of the wrong type."""
+    return TypeError(f"scaled_dot_product_attention(): argument '{name}' must be {want}, not {_type_name(x)}")
+
+
+def _check_bool(name: str, x) -> None:
+    """torch's parser takes a Python bool only (not an int, a tensor or a numpy bool) for is_causal / enable_gqa."""
+    if not isinstance(x, (bool, torch.SymBool)):
+        raise _binding_error(name, "bool", x)
+
+
+def _as_float(name: str, x, optional: bool = False):
+    """torch's parser for a float argument: a Python/numpy real number or a 0-d tensor without grad; None only
+    where the argument is optional (scale). Returns a Python float (None stays None)."""
+    if x is None and optional:
+        return None
+    if isinstance(x, (torch.SymFloat, torch.SymInt)):
+        return x
+    if isinstance(x, torch.Tensor):
+        if x.dim() == 0 and not x.requires_grad and not x.is_complex():
+            return float(x)
+        raise _binding_error(name, "float", x)
+    if isinstance(x, numbers.Real):
+        return float(x)
+    raise _binding_error(name, "float", x)
+
+
+def check_arguments(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    """Refuse what torch's SDPA (its math backend: what torch runs on the GPUs this engine is for) refuses, with
+    torch's exception type: TypeError where torch's argument parser refuses a type, RuntimeError for
+    validate_sdpa_input's checks (q, k, v of one dtype and one device, at least 2-D; a mask bool, float32 or of
+    query's dtype), the math backend's (mask on query's device, GQA head counts, key/value lengths),
+    NotImplementedError for complex inputs (torch's softmax has no complex kernel). Returns (dropout_p, scale) as
+    Python floats: dropout_p > 1 raises as torch's dropout does; dropout_p <= 0 or NaN means no dropout, as in
+    torch's math backend (`if (dropout_p > 0.0)`); scale may be negative, 0, inf or NaN, as in torch."""
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"scaled_dot_product_attention: {name} must be a tensor, got {type(t).__name__}")
-        if t.dim() < 2:
-            raise _sdpa_error(f"{name} must have at least 2 dims (L, E), got shape {tuple(t.shape)}")
-        if t.is_nested:
-            raise _sdpa_error("nested tensors are not supported by the tiled engine")
+            raise _binding_error(name, "Tensor", t)
+    if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
+        raise _binding_error("attn_mask", "Tensor", attn_mask)
+    dropout_p = _as_float("dropout_p", dropout_p)
+    _check_bool("is_causal", is_causal)
+    scale = _as_float("scale", scale, optional=True)
+    _check_bool("enable_gqa", enable_gqa)
     if not (query.dtype == key.dtype == value.dtype):
         raise _sdpa_error(f"Expected query, key, and value to have the same dtype, but got query.dtype: "
                           f"{query.dtype} key.dtype: {key.dtype} and value.dtype: {value.dtype} instead.")
-    if not query.is_floating_point():
-        raise _sdpa_error(f"query must be floating point, got {query.dtype}")
     if not (query.device == key.device == value.device):
         raise _sdpa_error(f"query, key and value must be on one device, got {query.device}, {key.device}, "
                           f"{value.device}")
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if t.dim() < 2:
+            raise _sdpa_error(f"{name} must have at least 2 dims (L, E), got shape {tuple(t.shape)}")
+    if attn_mask is not None and not _is_causal_bias(attn_mask):
+        if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+            raise _sdpa_error(f"Expected attn_mask dtype to be bool or float, got {attn_mask.dtype}")
+        if attn_mask.dtype not in (torch.bool, torch.float32, query.dtype):
+            raise _sdpa_error(f"Expected attn_mask dtype to be bool or float or to match query dtype, but got "
+                              f"attn_mask.dtype: {attn_mask.dtype} and query.dtype: {query.dtype}: pass "
+                              f"attn_mask.to({query.dtype}) (float32 and bool masks go with any query)")
+        if attn_mask.device != query.device and not (attn_mask.dim() == 0 and attn_mask.device.type == "cpu"):
+            raise _sdpa_error(f"attn_mask is on {attn_mask.device} but query on {query.device}: move the mask to "
+                              f"{query.device}.")
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if t.is_nested:
+            raise _sdpa_error("nested tensors are not supported by the tiled engine")
+    if query.is_complex():
+        raise NotImplementedError(f"scaled_dot_product_attention: complex inputs ({query.dtype}) are not "
+                                  f"supported, as in torch (its softmax has no complex kernel)")
+    if not query.is_floating_point():
+        raise _sdpa_error(f"query must be floating point, got {query.dtype}")
     if query.shape[-1] != key.shape[-1]:
         raise _sdpa_error(f"query and key head dims differ: {query.shape[-1]} vs {key.shape[-1]}")
     if key.shape[-2] != value.shape[-2]:
         raise _sdpa_error(f"key and value sequence lengths differ: {key.shape[-2]} vs {value.shape[-2]}")
+    if dropout_p > 1.0:  # torch's dropout: "dropout probability has to be between 0 and 1"
+        raise _sdpa_error(f"dropout_p must be in [0, 1], got {dropout_p}")
+    if not dropout_p > 0.0:  # negative or NaN: no dropout (torch's math backend)
+        dropout_p = 0.0
+    return dropout_p, scale
+
+
+def _is_causal_bias(attn_mask) -> bool:
+    try:
+        from torch.nn.attention.bias import CausalBias
+    except ImportError:  # older torch: no CausalBias
+        return False
+    return isinstance(attn_mask, CausalBias)
+
+
+def _repeat_heads(t: torch.Tensor, times: int) -> torch.Tensor:
+    """t [..., H, L, D] with each head repeated `times` times in place (torch's repeat_interleave on dim -3)."""
+    if times == 1:
+        return t
+    return t.unsqueeze(-3).expand(*t.shape[:-2], times, *t.shape[-2:]).reshape(*t.shape[:-3], -1, *t.shape[-2:])
+
+
+def normalize(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+              enable_gqa=False, draw_seed: bool = True) -> AttentionProblem:
+    """Validate arguments with torch's rules (check_arguments) and build the canonical problem (differentiable
+    views). draw_seed=False leaves dropout_seed 0 (the caller passes its own seed to the op)."""
+    dropout_p, scale = check_arguments(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     attn_mask, is_causal, causal_offset = causal_bias(attn_mask, is_causal, query.shape[-2], key.shape[-2],
                                                         query.device)
     if is_causal and attn_mask is not None:
         raise _sdpa_error("Explicit attn_mask should not be set when is_causal=True")
-    if not 0.0 <= dropout_p <= 1.0:
-        raise _sdpa_error(f"dropout_p must be in [0, 1], got {dropout_p}")
 
     squeeze_2d = query.dim() == 2 and key.dim() == 2 and value.dim() == 2
     q, k, v = (t if t.dim() >= 3 else t.unsqueeze(0) for t in (query, key, value))
@@ -188,9 +276,13 @@ def normalize(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
 
     Hq, Hk, Hv = q.shape[-3], k.shape[-3], v.shape[-3]
     if enable_gqa:
-        if Hk != Hv or Hq % Hk != 0:
+        if Hk == 0 or Hv == 0 or Hq % Hk != 0 or Hq % Hv != 0:
             raise _sdpa_error(f"Number of heads in key and value must divide the number of heads in query "
                               f"(enable_gqa): query {Hq}, key {Hk}, value {Hv}")
+        if Hk != Hv:  # torch repeats key and value heads each by its own factor: both to lcm(Hk, Hv) here (a copy)
+            lcm = Hk * Hv // math.gcd(Hk, Hv)
+            k, v = _repeat_heads(k, lcm // Hk), _repeat_heads(v, lcm // Hv)
+            Hk = Hv = lcm
         Hkv, G, Hout = Hk, Hq // Hk, Hq
     else:
         Hkv_full = _broadcast(Hk, Hv, "key/value head")

@@ -104,27 +104,6 @@ def test_relative_output_paths_are_read_from_the_callers_folder(tmp_path, monkey
     assert parse_args(["--out-dir", "o"]).out_dir == "o"  # run directly: relative to the current folder
 
 
-def results(diffs=(0.0, 1 / 255, 1 / 255)):
-    rows = [("ComfyUI sub-quadratic", "default", 13.9), ("Patch Attention (chunked)", "recommended", 13.6),
-            ("Patch Attention + FFN Chunking (4 chunks)", "ffn", 15.1)]
-    return [dict(label=label, role=role, step_s=step, first_s=step + 1, peak_gb=3.0, growth_gb=1.0, max_diff=d)
-            for (label, role, step), d in zip(rows, diffs)]
-
-
-def test_chart_frame_difference_axis_has_a_floor_and_labels_have_no_doubled_parentheses():
-    from tools.demo.demo import FRAME_DIFF_FLOOR, chart_panels
-    labels, panels = chart_panels(results(), "RSS of the server")
-    assert FRAME_DIFF_FLOOR == 8 / 255
-    diffs, title, fmts, end = panels[2]
-    assert end == FRAME_DIFF_FLOOR and fmts == ["the reference", "1/255", "1/255"]  # two 1/255 bars: a sliver each
-    assert chart_panels(results((0.0, 0.1, 0.0)), "x")[1][2][3] == pytest.approx(0.135)  # large ones: 1.35x
-    assert labels == ["ComfyUI sub-quadratic\nComfyUI's default here", "Patch Attention (chunked)\nthe pack, "
-                      "recommended", "Patch Attention + FFN Chunking (4 chunks)"]
-    assert not any("((" in x or "))" in x or ") (" in x for x in labels)
-    steps, step_title, step_fmts, _ = panels[1]
-    assert "bracket" not in step_title and step_fmts[0] == "{:.1f} s  (first step 15 s)"  # what the title says
-
-
 def test_report_only_writes_its_chart_where_asked_and_nothing_in_the_home_folder(tmp_path):
     """The demo's report (the same code as after a run) from a saved runs.json, in a real process with an empty
     home folder: the chart and the JSON land in --out-dir relative to the caller's folder, matplotlib's files in

@@ -1,8 +1,8 @@
 """Tiled Attention Everywhere end to end, through /prompt of real ComfyUI servers (the stock 0.3.75 and 0.33.0):
 the mode switched on at start by TILED_ATTENTION_EVERYWHERE and from the graph by the node, on model code nobody
 here wrote, run from the nodes of a test pack the way wrapper packs run it (tools/fixtures/wrapper_pack_standin: a tiny
-diffusers WanTransformer3DModel, WanVideoWrapper-style attention in its "sdpa" and "comfy" modes), and the native Wan
-2.2 workflow with Patch Attention in the same queue.
+diffusers WanTransformer3DModel, WanVideoWrapper-style attention in its "sdpa" and "comfy" modes, its sampler under
+torch.autocast and its compile option), and the native Wan 2.2 workflow with Patch Attention in the same queue.
 
 Routed / total calls per code path come from the test shim's census line after each prompt (its "everywhere"
 entry: the pack's own counters, attention_core.patch.stats()); the stand-ins count their attention calls themselves.
@@ -132,6 +132,47 @@ def test_switch_in_the_graph_routes_every_call_of_packs_with_their_own_model_cod
     assert everywhere_of(server, pid) == {} and torch.equal(saved(again, "2"), saved(off, "2"))
 
 
+def sampler_prompt(mode, tag):
+    """The switch node, then the stand-in's sampler as WanVideoWrapper runs it with its options set in the graph:
+    fp16 base precision under its autocast region with "sdpa"'s bf16 cast (until 2025), bf16 base under autocast
+    in the model's dtype with the Lynx-style mask (since), and the same compiled (its compile option: the blocks,
+    here with the aot_eager backend)."""
+    common = dict(seed=6, tokens=64, attention_mode="sdpa", trigger=["1", 0])
+    return {
+        "1": switch(mode),
+        "2": {"class_type": "StandinWrapperAttention", "inputs": dict(
+            common, dtype="bf16", base_precision="fp16", autocast=True, filename_prefix=f"{tag}/fp16-autocast")},
+        "3": {"class_type": "StandinWrapperAttention", "inputs": dict(
+            common, dtype="none", base_precision="bf16", autocast=True, attn_mask=True,
+            filename_prefix=f"{tag}/bf16-autocast-mask")},
+        "4": {"class_type": "StandinWrapperAttention", "inputs": dict(
+            common, dtype="none", base_precision="bf16", autocast=True, compile="transformer_blocks",
+            compile_backend="aot_eager", filename_prefix=f"{tag}/bf16-compiled")},
+    }
+
+
+def test_wrapper_sampler_under_autocast_and_compiled_from_the_graph(server):
+    """The stand-in's sampler options through /prompt, mode off then chunked: every eager attention call routed
+    and computed by the engine, each returning torch's dtype under the sampler's autocast (fp16 for the bf16-cast
+    q, k, v under the fp16 autocast: red on the engine's old rule, which returned bf16), outputs as torch's up to
+    half-precision rounding; the compiled blocks run under the mode with their own attention calls counted by the
+    stand-in and the same result."""
+    pid_off, off = server.queue_prompt(sampler_prompt("off", "autocast-off"))
+    assert everywhere_of(server, pid_off) == {}
+    pid_on, on = server.queue_prompt(sampler_prompt("chunked", "autocast-on"))
+    got = everywhere_of(server, pid_on)
+    show(server, "mode chunked: stand-in sampler under autocast (fp16 + bf16 cast, bf16 + mask, compiled)", got)
+    assert ui_of(off, "2")["attention_dtypes"] == ui_of(on, "2")["attention_dtypes"] == ["float16"]
+    assert ui_of(off, "3")["attention_dtypes"] == ui_of(on, "3")["attention_dtypes"] == ["bfloat16"]
+    assert all(ui_of(on, n)["attention_calls"] == ui_of(off, n)["attention_calls"] == 4 for n in "234")
+    eager_calls = ui_of(on, "2")["attention_calls"] + ui_of(on, "3")["attention_calls"]
+    assert got["torch_sdpa"]["routed"] >= eager_calls and got["torch_sdpa"]["passed"] == 0, got
+    assert sum(census_of(server, pid_on)["engine"].values()) >= eager_calls  # computed by the engine
+    for n in "234":
+        assert rel(saved(on, n), saved(off, n)) < 0.1, n  # half precision through 2 blocks: rounding only
+    server.queue_prompt({"1": switch("off")})
+
+
 def without_pack_nodes(prompt):
     """The prompt with the pack's Patch Attention nodes (MODEL, CLIP, VAE) removed, their consumers wired to their
     inputs."""
@@ -149,7 +190,7 @@ PATCH_INPUT = {"TiledAttentionPatch": "model", "TiledAttentionPatchCLIP": "clip"
 
 
 def wan_prompt(server):
-    with open(os.path.join(ROOT, "workflows", "wan22_5b_t2v_480p.json")) as f:
+    with open(os.path.join(ROOT, "workflows", "Wan 2.2 5B Text to Video 480p.json")) as f:
         prompt = workflow_api().workflow_to_prompt(json.load(f), server.get("/object_info"))
     return resized(prompt, "wan", size=(64, 64), frames=5, steps=2)
 

@@ -8,6 +8,7 @@ their own attention calls (module forwards), independently of the pack. Outputs 
 the mode off and with a float64 run of the same model; memory with LiveBytes under torch's math SDPA (the only
 backend on the GPUs the pack is for)."""
 import asyncio
+import contextlib
 import sys
 import threading
 
@@ -169,6 +170,69 @@ def test_wrapper_sdpa_convention_every_call_routed_and_exact(ew, standin, dtype,
     assert rel(on, ref) <= 2 * rel(off, ref) + eps, (rel(on, ref), rel(off, ref))
     if half == torch.float32:
         assert rel(on, off) < 1e-5
+
+
+# WanVideoWrapper's sampler runs its model under torch.autocast(device, dtype=base precision) (fp8 weights); until 2025
+# its "sdpa" cast q, k, v to bf16 first, since then they stay in the model's dtype (Lynx passes a key-padding mask).
+# torch.autocast refuses float32 on the CPU (off) but CUDA takes it: that state is set directly for the last case.
+WRAPPER_AUTOCAST = {
+    "fp16 base, autocast, sdpa cast to bf16": dict(base_precision="fp16", autocast=True,
+                                                   attention_dtype=torch.bfloat16),
+    "bf16 base, autocast, sdpa in the model dtype, masked": dict(base_precision="bf16", autocast=True,
+                                                                 attention_dtype=None, attn_mask=True),
+    "fp16 base, autocast, sdpa in the model dtype": dict(base_precision="fp16", autocast=True, attention_dtype=None),
+    "fp32 base, autocast refused by the CPU, sdpa cast to bf16": dict(base_precision="fp32", autocast=True,
+                                                                      attention_dtype=torch.bfloat16),
+    "fp32 base under CUDA's float32 autocast, sdpa cast to bf16": dict(base_precision="fp32",
+                                                                       attention_dtype=torch.bfloat16,
+                                                                       state=("cpu", torch.float32)),
+}
+
+
+@pytest.mark.parametrize("case", list(WRAPPER_AUTOCAST))
+def test_wrapper_sampler_under_autocast_dtype_and_error_as_torch(ew, standin, case, monkeypatch):
+    """The process-wide mode on the stand-in's sampler as WanVideoWrapper runs it under autocast: every call routed,
+    each attention call returns torch's dtype (the mode off: torch's SDPA under the same autocast) and the output's
+    error against a float64 run stays within 2x torch's. Red before (the engine cast fp32 inputs only): bf16 q, k, v
+    under an fp16 autocast came back bf16, under CUDA's float32 autocast bf16 (torch: fp32)."""
+    from autocast_states import autocast_state
+    engine = engine_calls(monkeypatch)
+    kw = dict(WRAPPER_AUTOCAST[case])
+    state = kw.pop("state", None)
+
+    def run():
+        model = standin.tiny_wrapper_model(11)
+        with autocast_state(*state) if state else contextlib.nullcontext():
+            out, calls = standin.run_wrapper_model(11, 64, "sdpa", model=model, **kw)
+        return out, calls, model.attention_dtypes()
+    off, calls, off_dtypes = run()
+    ref, _ = standin.run_wrapper_model(11, 64, "sdpa", None if kw["attention_dtype"] is None else torch.float64,
+                                       base_precision=torch.float64, attn_mask=kw.get("attn_mask", False))
+    ew.set_mode("chunked", 0)
+    on, _, on_dtypes = run()
+    s = stats("torch_sdpa")
+    report(f"WanVideoWrapper-style sampler, {case}, mode chunked", s["routed"], calls)
+    assert calls == 4 and s["routed"] == s["total"] == calls == engine[0], s
+    assert on_dtypes == off_dtypes and len(on_dtypes) == 1, (on_dtypes, off_dtypes)
+    if state:
+        assert on_dtypes == ["float32"]
+    assert rel(on, ref) <= 2 * rel(off, ref) + 1e-6 and rel(off, ref) < 0.1, (rel(on, ref), rel(off, ref))
+
+
+@pytest.mark.parametrize("compile_", ["transformer_blocks", "full_model"])
+def test_wrapper_compile_option_under_the_mode(ew, standin, compile_):
+    """The stand-in's torch.compile option (WanVideoWrapper's: blocks or the whole model, here the aot_eager
+    backend) with the mode on, under a bf16 autocast: the compiled model's attention goes to the engine inside
+    the graph, its output as the eager run's with the mode on, as close to float64 as torch's."""
+    kw = dict(base_precision="bf16", autocast=True, attention_dtype=None)
+    off, calls = standin.run_wrapper_model(12, 48, "sdpa", **kw)
+    ref, _ = standin.run_wrapper_model(12, 48, "sdpa", None, base_precision=torch.float64)
+    ew.set_mode("chunked", 0)
+    eager, _ = standin.run_wrapper_model(12, 48, "sdpa", **kw)
+    compiled, compiled_calls = standin.run_wrapper_model(12, 48, "sdpa", compile=compile_, backend="aot_eager", **kw)
+    assert compiled_calls == calls == 4 and compiled.dtype == eager.dtype == torch.bfloat16
+    assert rel(compiled, eager) <= 2 * torch.finfo(torch.bfloat16).eps
+    assert rel(compiled, ref) <= 2 * rel(off, ref) + 1e-6
 
 
 def test_min_tokens_floor_and_inputs_torch_keeps(ew, standin):

@@ -26,8 +26,8 @@ from tools.comfyui_setup.prompt_tools import (attention_census, output_files, re
                                               without_patch, workflow_api)
 
 # stage-1 size per workflow: different sizes keep ComfyUI's node cache from reusing one workflow's samples in another
-WORKFLOWS = {"ltx23_22b_t2v_av_720p": (128, 96), "ltx23_22b_t2v_av_1080p": (160, 96),
-             "ltx23_22b_i2v_av_720p": (128, 96)}
+WORKFLOWS = {"LTX-2.3 Text to Video 720p": (128, 96), "LTX-2.3 Text to Video 1080p": (160, 96),
+             "LTX-2.3 Image to Video 720p": (128, 96)}
 FRAMES, STEPS = 9, 2  # stage 2 keeps the workflows' ManualSigmas: 3 steps
 AUDIO_TOKENS = 9  # 9 frames at 25 fps = 0.36 s; the audio VAE gives 16000 / 160 / 4 = 25 latents per second
 # Bound: max |patched - plain| <= TOL_EPS * fp32 epsilon * max |plain| (relative to the reference's own magnitude,
@@ -184,7 +184,7 @@ def test_ltx23_patch_matches_comfy_attention_and_engine_runs_the_dit(runs, name,
 
 @pytest.mark.parametrize("how", BREAKS)
 def test_ltx23_comparison_notices_a_broken_engine(runs, how):
-    name = "ltx23_22b_t2v_av_720p"
+    name = "LTX-2.3 Text to Video 720p"
     broken, plain = runs.get(name, how), runs.get(name, "plain")
     assert sum(sum(n.values()) for n in broken["census"]["engine"].values()) > 0
     for part in ("video", "audio"):

@@ -7,7 +7,8 @@ One server (0.33.0 with the Manager version its manager_requirements.txt pins, l
    local bare clone of this repository's HEAD, file://localhost/<tmp>/tiled-attention.git; the folder it
    creates is named after the URL's last part, as it would be for the GitHub URL;
 2. the Manager's Restart (POST /v2/manager/reboot, which re-executes ComfyUI in place): the pack's startup
-   line, its three nodes in /object_info, its six workflows in /api/workflow_templates, no import failure;
+   line, its three nodes in /object_info, its six workflows in /api/workflow_templates (each with its card
+   picture served beside it), no import failure;
 3. the Manager's Uninstall (the legacy UI's queue: POST /v2/manager/queue/batch {"uninstall": [...]}, then
    the worker runs it): the folder is gone; a fresh start has none of the pack's nodes or templates and no
    import error.
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from importlib.metadata import PackageNotFoundError, version
 
@@ -182,6 +184,10 @@ def test_install_restart_uninstall_through_the_manager(bed):
         assert info[name]["python_module"] == f"custom_nodes.{FOLDER}", info[name]["python_module"]
     templates = srv.get("/api/workflow_templates")
     assert sorted(templates.get(FOLDER, [])) == _committed_workflows(), templates.get(FOLDER)
+    for name in templates[FOLDER]:  # with the picture the Templates browser fetches for each card
+        url = f"{srv.url}/api/workflow_templates/{FOLDER}/{urllib.parse.quote(name)}.jpg"
+        with urllib.request.urlopen(url, timeout=30) as r:
+            assert r.headers.get_content_type() == "image/jpeg", f"{name}: {r.headers.get_content_type()}"
     assert _torch_freeze() == bed["freeze"], "the Manager's install changed torch"
 
     # 3. Uninstall, as the legacy UI queues it for a pack it knows only by its URL (version 'unknown': the

@@ -69,7 +69,7 @@ def ltx_server(tmp_path_factory):
 
 
 def test_ltx23_every_attention_call_through_the_pack(ltx_server):
-    name = "ltx23_22b_t2v_av_720p"
+    name = "LTX-2.3 Text to Video 720p"
     prompt = prompt_of(ltx_server, name)
     runs = {}
     for mode in ("off", "chunked"):
@@ -101,7 +101,7 @@ def wan_server(tmp_path_factory):
 
 def test_wan_every_attention_call_through_the_pack(wan_server):
     from PIL import Image
-    prompt = prompt_of(wan_server, "wan22_5b_t2v_480p")
+    prompt = prompt_of(wan_server, "Wan 2.2 5B Text to Video 480p")
     runs = {}
     for mode in ("off", "chunked"):
         p = resized(prompt, f"wan/{mode}", size=(64, 64), frames=5, steps=2, mode=mode, min_tokens=0)

@@ -18,7 +18,7 @@ from tools.comfyui_setup.comfy_server import ComfyServer
 from tools.comfyui_setup.comfyui import ROOT, VERSIONS, comfy_path
 from tools.comfyui_setup.prompt_tools import output_files, resized, saved_latents, without_patch, workflow_api
 
-WAN_T2V = os.path.join(ROOT, "workflows", "wan22_5b_t2v_480p.json")
+WAN_T2V = os.path.join(ROOT, "workflows", "Wan 2.2 5B Text to Video 480p.json")
 # fp32 agreement bound for the final latents, relative to their largest magnitude: the pack and ComfyUI's attention
 # differ by rounding (~1e-6 relative per call), amplified by 2 sampler steps and cfg; uniform attention gives ~0.3
 LATENT_RTOL = 1e-4

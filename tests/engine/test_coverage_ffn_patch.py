@@ -43,8 +43,8 @@ class Lin(torch.nn.Module):
 
 @pytest.fixture
 def tracing(monkeypatch):
-    """torch.compiler.is_compiling() and is_dynamo_compiling() answer True: the code paths dynamo traces run as
-    plain Python (coverage sees them; under a real torch.compile they are traced, never executed)."""
+    """torch.compiler.is_compiling() and is_dynamo_compiling() answer True: the code paths dynamo traces run as plain
+    Python (coverage sees them; under a real torch.compile they are traced, never executed)."""
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     monkeypatch.setattr(torch.compiler, "is_dynamo_compiling", lambda: True)
 

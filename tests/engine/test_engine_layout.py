@@ -55,7 +55,8 @@ def _top_level_imports(path):
 # them: attention_core.scaled_dot_product_attention, attention_core.patch, python -m attention_core.plan ...), the
 # kernel and the device knowledge each in its own subpackage
 PUBLIC = {"attention_core", "attention_core.sdpa", "attention_core.patch", "attention_core.ffn",
-          "attention_core.parallel", "attention_core.multidevice"}
+          "attention_core.parallel", "attention_core.multidevice",
+          "attention_core.ops"}  # a documented path kept: re-exports kernel/ops.py (tests/engine/test_public_paths.py)
 COMMANDS = {f"attention_core.{c}" for c in ("bench", "calibrate", "plan", "report", "selfcheck", "tune",
                                             "cli_args", "estimate")}  # the last two: what the commands share
 LAYERS = ("attention_core.device", "attention_core.kernel")  # bottom first: each imports only itself and below

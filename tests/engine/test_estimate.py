@@ -95,11 +95,12 @@ def _nodes(name):
 
 
 def test_stages_follow_the_bundled_workflows():
-    for name in ("wan22_5b_t2v_480p.json", "wan22_5b_t2v_720p.json", "wan22_5b_i2v_480p.json"):
+    for name in ("Wan 2.2 5B Text to Video 480p.json", "Wan 2.2 5B Text to Video 720p.json",
+                 "Wan 2.2 5B Image to Video 480p.json"):
         ks = _nodes(name)["KSampler"]
         (st,) = estimate.STAGES["wan22-5b"]
         assert (st.steps, st.cfg_batch) == (ks[2], 2 if ks[3] != 1.0 else 1)
-    with open(os.path.join(ROOT, "workflows", "ltx23_22b_t2v_av_1080p.json")) as f:
+    with open(os.path.join(ROOT, "workflows", "LTX-2.3 Text to Video 1080p.json")) as f:
         nodes = json.load(f)["nodes"]
     guiders = [n["widgets_values"][0] for n in nodes if n["type"] == "CFGGuider"]
     sched = next(n["widgets_values"] for n in nodes if n["type"] == "LTXVScheduler")

@@ -93,3 +93,54 @@ def test_the_traced_decision_chunks_any_signature_of_two_tokens_or_more():
     assert wrapper.decide((2, 40, 16), torch.float32, cpu, 1, False) == 4
     mixer = chunk_ffn(MeanMixer(), chunks=4)
     assert mixer.decide((2, 40, 16), torch.float32, cpu, 1, False) == 0
+
+
+def test_an_eager_call_while_another_thread_compiles_runs_eagerly():
+    """torch 2.14's torch.compiler.is_compiling() answers True on every thread while any thread compiles; the wrapper
+    asks is_dynamo_compiling() (this thread's trace). A thread that calls the FFN eagerly while another thread is
+    inside a real torch.compile trace (held there by a comptime callback) takes the eager path: checked on its real
+    input, chunked and counted. Before: it took the traced path (no count, a verdict from random probes)."""
+    import threading
+
+    from torch._dynamo.comptime import comptime
+
+    inside, release = threading.Event(), threading.Event()
+
+    def hold(ctx):  # runs while dynamo traces `held`, on the compiling thread
+        inside.set()
+        release.wait(60)
+
+    def held(x):
+        comptime(hold)
+        return x * 2
+
+    torch.manual_seed(0)
+    ffn = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.Linear(64, 16))
+    x = torch.randn(2, 40, 16)
+    with torch.no_grad():
+        want = ffn(x)
+    wrapper = chunk_ffn(ffn, chunks=4)
+    torch._dynamo.reset()
+    errors = []
+
+    def compile_in_thread():
+        try:
+            torch.compile(held, backend="eager", fullgraph=True)(torch.randn(3))
+        except Exception as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    thread = threading.Thread(target=compile_in_thread)
+    thread.start()
+    try:
+        assert inside.wait(60), "the other thread never reached its trace"
+        with torch.no_grad():
+            out = ffn(x)
+        during = (wrapper.calls_chunked, list(wrapper.verdicts.items()))
+    finally:
+        release.set()
+        thread.join(60)
+        torch._dynamo.reset()
+    assert errors == []
+    assert torch.allclose(out, want, atol=1e-6)
+    assert during == (1, [((("T", (2, 40, 16), torch.float32, torch.device("cpu")), ("tuple",), ("dict",), True),
+                           True)])

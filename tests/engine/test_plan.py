@@ -302,15 +302,17 @@ def test_kv_copies(batch, layout, dtype, compute, all_heads, copied):
 
 
 def test_overflow_guard_bytes():
-    """fp16 tiles read an fp32 copy of K (then Q) for the row-norm bound: 4 x B x H x N x D bytes; other dtypes
-    none. A call's total is the larger of that and its tile."""
+    """fp16 tiles read an fp32 copy of K (then Q) for the row-norm bound, and a tile the guard runs in fp32 reads K
+    through an fp32 copy kept for the call: 4 x B x H x N x D bytes; other dtypes none. A call's total counts it
+    beside the tile (which holds 6 bytes a score in fp16 inplace: fp32 scores and P cast back to fp16)."""
     assert plan.guard_bytes(2, 8, 1000, 64, "fp16") == 4 * 2 * 8 * 1000 * 64
     assert plan.guard_bytes(2, 8, 1000, 64, "fp32") == 0 and plan.guard_bytes(2, 8, 1000, 64, "bf16") == 0
-    # 3 MB free: inplace takes 2 heads x 64 rows (4 x 2 x 64 x 4,290 = 2.2 MB), the guard's copy of 2 heads of K
-    # is 4 x 2 x 4,290 x 128 = 4.4 MB: the larger, so it is what the total counts
+    # 3 MB free: inplace takes 2 heads x 64 rows (sized at 4 bytes a score, held at 6: 3.3 MB), the guard's copy
+    # of 2 heads of K is 4 x 2 x 4,290 x 128 = 4.4 MB, alongside
     t = plan.estimate("wan22-5b", 832, 480, 41, free=3 << 20)["tiers"]["inplace"]
-    assert (t["tile"]["heads"], t["tile"]["rows"], t["tile"]["bytes"]) == (2, 64, 4 * 2 * 64 * 4290)
-    assert t["total"] == t["copies"] + t["group_out"] + 4 * 2 * 4290 * 128
+    assert (t["tile"]["heads"], t["tile"]["rows"], t["tile"]["bytes"]) == (2, 64, 6 * 2 * 64 * 4290)
+    assert t["guard"] == 4 * 2 * 4290 * 128
+    assert t["total"] == t["copies"] + t["group_out"] + t["guard"] + t["tile"]["bytes"] + t["rows"]
 
 
 def test_estimate_budget_and_dtype_defaults():
@@ -436,17 +438,18 @@ def test_time_report_reads_the_calibration_of_the_tiles_dtype(profdir, monkeypat
 def test_head_split_of_a_batch():
     """Batch 2, 12 MB free on a GPU: chunked takes 2 of the 24 heads (64 rows); the call then holds both batch
     items' K/V copies of those heads (2 x 2 x 2 x 4,290 x 128 x 2 B) and their own output with fp32 row
-    statistics (2 x 2 x 4,290 x (128 x 2 + 8) B); inplace's 4-head group is outweighed by the fp16 guard's fp32
-    copy of K (4 x 2 x 4 x 4,290 x 128 B)."""
+    statistics (2 x 2 x 4,290 x (128 x 2 + 8) B), the fp16 guard's fp32 copy of K (4 x 2 x 2 x 4,290 x 128 B),
+    the tile (sized at 8 bytes a score, held at 10) and its rows (plan.row_bytes); inplace takes a 4-head group."""
     est = plan.estimate("wan22-5b", 832, 480, 41, free=12 << 20, batch=2)
     c = est["tiers"]["chunked"]
-    assert c["tile"] == {"rows": 64, "keys": 4290, "heads": 2, "bytes": 8 * 2 * 2 * 64 * 4290}
+    assert c["tile"] == {"rows": 64, "keys": 4290, "heads": 2, "bytes": 10 * 2 * 2 * 64 * 4290}
     assert c["copies"] == 2 * 2 * 2 * 4290 * 128 * 2
     assert c["group_out"] == 2 * 2 * 4290 * (128 * 2 + 8)
-    assert c["total"] == c["copies"] + c["group_out"] + c["tile"]["bytes"]
+    assert c["guard"] == 4 * 2 * 2 * 4290 * 128 and c["rows"] == 2 * 2 * 64 * (14 * 128 + 32)
+    assert c["total"] == c["copies"] + c["group_out"] + c["guard"] + c["tile"]["bytes"] + c["rows"]
     i = est["tiers"]["inplace"]
     assert i["tile"]["heads"] == 4 and i["total"] == 2 * 2 * 4 * 4290 * 128 * 2 + 2 * 4 * 4290 * 264 + \
-        4 * 2 * 4 * 4290 * 128
+        4 * 2 * 4 * 4290 * 128 + 6 * 2 * 4 * 64 * 4290 + 2 * 4 * 64 * (14 * 128 + 32)
 
 
 def test_sub_quadratic_takes_each_listed_chunk():

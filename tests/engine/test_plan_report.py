@@ -19,10 +19,13 @@ NO_CAL = "/nonexistent/calibration.json"  # the time section then only says ther
 #   sub-quadratic: 4 x 24 x 2 x 4096 x 28,520 = 22.4 GB <= 32 GB, so 4096 query rows of full keys:
 #     2 x 24 x 4096 x 28,520 x 2 B = 10.44 GiB
 #   split: 3 x 36.36 = 109.1 GiB over 32 -> 3.41 -> 4 slices; 28,520 / 4 = 7,130 rows: 18.18 GiB
-#   chunked (fp16 tiles counted at 8 B a score): ~2^27 scores over 24 heads x 28,520 keys -> 192 rows:
-#     8 x 24 x 192 x 28,520 = 0.98 GiB; inplace at 4 B the same tile, 0.49 GiB; online 12 B x 24 x 1360 x 4096
-#     = 1.49 GiB; K/V copied contiguous from ComfyUI's layout: 2 x 24 x 28,520 x 128 x 2 B = 0.33 GiB
-#   floors: 8 x 16 x 28,520 = 3.5 MiB, 4 x 16 x 28,520 = 1.7 MiB, 12 x 16 x 16 = 3.0 KiB
+#   chunked (the engine sizes fp16 tiles at 8 B a score): ~2^27 scores over 24 heads x 28,520 keys -> 192 rows;
+#     it holds up to 10 B a score (a tile the overflow guard runs in fp32: S and P in fp32, P cast to fp16):
+#     10 x 24 x 192 x 28,520 = 1.22 GiB; inplace the same tile at 6 B, 0.73 GiB; online 10 B x 24 x 1360 x 4096
+#     = 1.25 GiB; K/V copied contiguous from ComfyUI's layout: 2 x 24 x 28,520 x 128 x 2 B = 0.33 GiB; the
+#     guard's fp32 K 4 x 24 x 28,520 x 128 = 0.33 GiB; rows (plan.row_bytes, fp16): chunked and inplace
+#     (14 x 128 + 32) x 24 x 192 = 8.0 MiB, online (24 x 128 + 32) x 24 x 1360 = 96.6 MiB
+#   floors (the engine's sizing rule): 8 x 16 x 28,520 = 3.5 MiB, 4 x 16 x 28,520 = 1.7 MiB, 12 x 16 x 16 = 3.0 KiB
 #   FFN: 2 x 28,520 x 14,336 x 2 B = 1.52 GiB, under a quarter of 32 GB: 1 chunk; q, k, v, o 4 x 28,520 x 3072 x 2
 #   = 0.65 GiB; budget 0.7 x 32 = 22.40 GB
 WAN_720P_32GB = """\
@@ -35,12 +38,15 @@ Wan 2.2 TI2V 5B at 1280x720, 121 frames (fp16/bf16, batch 1, free 32.00 GB)
     torch math SDPA              72.72 GB   DOES NOT FIT
     ComfyUI sub-quadratic        10.44 GB   (4096 query rows x 28520 keys per chunk at this free memory)
     ComfyUI split                18.18 GB   (4 slice(s) of 7130 rows)
-    this pack: chunked           0.98 GB   (24 head(s) x 192 rows x 28520 keys; least it can run with: 3.5 MB)
-      + K/V copies 0.33 GB (fp16, 24 head(s)) -> 1.31 GB in all
-    this pack: inplace           0.49 GB   (24 head(s) x 192 rows x 28520 keys; least it can run with: 1.7 MB)
-      + K/V copies 0.33 GB (fp16, 24 head(s)) -> 0.82 GB in all
-    this pack: online            1.49 GB   (24 head(s) x 1360 rows x 4096 keys; least it can run with: 3.0 KB)
-      + K/V copies 0.33 GB (fp16, 24 head(s)) -> 1.82 GB in all
+    this pack: chunked           1.22 GB   (24 head(s) x 192 rows x 28520 keys; least it can run with: 3.5 MB)
+      + K/V copies 0.33 GB (fp16, 24 head(s)), fp16 guard's fp32 K 0.33 GB, query/output rows 8.0 MB
+        -> 1.88 GB in all
+    this pack: inplace           0.73 GB   (24 head(s) x 192 rows x 28520 keys; least it can run with: 1.7 MB)
+      + K/V copies 0.33 GB (fp16, 24 head(s)), fp16 guard's fp32 K 0.33 GB, query/output rows 8.0 MB
+        -> 1.39 GB in all
+    this pack: online            1.25 GB   (24 head(s) x 1360 rows x 4096 keys; least it can run with: 3.0 KB)
+      + K/V copies 0.33 GB (fp16, 24 head(s)), fp16 guard's fp32 K 0.33 GB, query/output rows 96.6 MB
+        -> 1.99 GB in all
 
   feed-forward hidden activation (per block call):
     unchunked                    1.52 GB   (28,520 tokens x 14,336 x 2)
@@ -48,8 +54,8 @@ Wan 2.2 TI2V 5B at 1280x720, 121 frames (fp16/bf16, batch 1, free 32.00 GB)
     q, k, v, o of one call       0.65 GB
 
   recommended:
-    Patch Attention mode auto, memory_budget_mb 0 (auto picks 'chunked', tile 0.98 GB of a 22.40 GB budget, \
-1.31 GB in all); FFN Chunking chunks 0 (1 at this free memory)
+    Patch Attention mode auto, memory_budget_mb 0 (auto picks 'chunked', tile 1.22 GB of a 22.40 GB budget, \
+1.88 GB in all); FFN Chunking chunks 0 (1 at this free memory)
     without the pack: math SDPA needs 72.72 GB > 32.00 GB free; ComfyUI's sub-quadratic fits with 10.44 GB per call"""
 
 
@@ -113,8 +119,9 @@ def test_detected_free_memory_on_the_cpu(monkeypatch):
 def test_a_head_split_tile_adds_its_group_output_and_fp32_wording(monkeypatch):
     """Wan 2.2 5B 480p fp32 on the CPU, 8 GB, a CPU tile target of 2^19 scores (the default before issue 24): the
     tile takes one head of 64 rows, so the call also holds that head's own output (4,290 x (128 x 4 + 8) bytes =
-    2.1 MB) and K/V copies of one head (2 x 4,290 x 128 x 4 = 4.2 MB); the budget is half the free memory on a CPU;
-    the CPU's chunked tile holds 4 bytes a score (the softmax overwrites the scores)."""
+    2.1 MB) and K/V copies of one head (2 x 4,290 x 128 x 4 = 4.2 MB), and its 64 rows' query and output tensors
+    (64 x (3 x 4 x 128 + 32) = 98.0 KB, plan.row_bytes); the budget is half the free memory on a CPU; the CPU's
+    chunked tile holds 4 bytes a score (the softmax overwrites the scores)."""
     monkeypatch.setitem(memory.TARGET_TILE_ELEMS, "cpu", 1 << 19)
     est = plan.estimate("wan22-5b", 832, 480, 41, free=8 * GB, dtype_bytes=4, cpu=True)
     assert est["dtype"] == "fp32" and est["budget"] == 4 * GB
@@ -123,17 +130,20 @@ def test_a_head_split_tile_adds_its_group_output_and_fp32_wording(monkeypatch):
     assert t["tile"]["bytes"] == 4 * 64 * 4290
     assert t["copies"] == 2 * 4290 * 128 * 4
     assert t["group_out"] == 4290 * (128 * 4 + 2 * 4)
-    assert t["total"] == t["copies"] + t["group_out"] + t["tile"]["bytes"]
+    assert t["rows"] == 64 * (3 * 4 * 128 + 32)
+    assert t["total"] == t["copies"] + t["group_out"] + t["tile"]["bytes"] + t["rows"]
     lines = plan.report(est).splitlines()
     assert lines[0] == "Wan 2.2 TI2V 5B at 832x480, 41 frames (fp32, batch 1, free 8.00 GB)"
     assert "    this pack: chunked           1.0 MB   (1 head(s) x 64 rows x 4290 keys; least it can run with: " \
            "0.3 MB)" in lines
-    assert "      + K/V copies 4.2 MB (fp32, 1 head(s)) + a head group's output 2.1 MB -> 7.4 MB in all" in lines
+    assert ("      + K/V copies 4.2 MB (fp32, 1 head(s)), a head group's output 2.1 MB, query/output rows "
+            "98.0 KB") in lines
+    assert "        -> 7.5 MB in all" in lines
     # math 3.29 GB fits 8 GB: no DOES NOT FIT, no "without the pack" line; one split slice
     assert "    torch math SDPA              3.29 GB" in lines
     assert "    ComfyUI split                3.29 GB   (1 slice(s) of 4290 rows)" in lines
     assert lines[-1] == ("    Patch Attention mode auto, memory_budget_mb 0 (auto picks 'chunked', tile 1.0 MB of a "
-                         "4.00 GB budget, 7.4 MB in all); FFN Chunking chunks 0 (1 at this free memory)")
+                         "4.00 GB budget, 7.5 MB in all); FFN Chunking chunks 0 (1 at this free memory)")
 
 
 def test_tight_memory_split_refusal_and_the_q_k_v_o_warning():
@@ -156,7 +166,7 @@ def test_tight_memory_split_refusal_and_the_q_k_v_o_warning():
 def test_split_that_cannot_slice_and_a_call_with_no_copies():
     """LTX 720p, batch 2, bf16 kept (precision input), contiguous heads, 2 GB: split needs 64 slices but 14,960
     does not divide by 64, so ComfyUI runs the whole matrix (and says so); no K/V copy and no head split, so each
-    tier's line has no "+ K/V copies" line and its total is the tile."""
+    tier's line names no K/V copies and its total is the tile and its rows' query and output tensors."""
     est = plan.estimate("ltx23-22b", 1280, 704, 129, free=2 * GB, batch=2, dtype="bf16", precision="input",
                         layout="heads")
     assert est["split"] == {"steps": 64, "rows": 14960, "bytes": 2 * 64 * 14960 ** 2 * 2}
@@ -164,9 +174,11 @@ def test_split_that_cannot_slice_and_a_call_with_no_copies():
     assert ("    ComfyUI split                53.36 GB   (64 slice(s) of 14960 rows; N does not divide by 64: no "
             "slicing)   DOES NOT FIT") in text.splitlines()
     assert "K/V copies" not in text and "but q, k, v and o" not in text
-    assert all(est["tiers"][t]["total"] == est["tiers"][t]["tile"]["bytes"] for t in plan.TIERS)
+    assert all(est["tiers"][t]["total"] == est["tiers"][t]["tile"]["bytes"] + est["tiers"][t]["rows"]
+               for t in plan.TIERS)
+    assert "      + query/output rows 6.2 MB -> 0.46 GB in all" in text.splitlines()  # 2 x 32 x 128 x (6 x 128 + 32)
     assert "    this pack: chunked           0.46 GB   (32 head(s) x 128 rows x 14960 keys; least it can run " \
-           "with: 1.8 MB)" in text.splitlines()
+           "with: 0.9 MB)" in text.splitlines()  # bf16 tiles: 2 x 2 bytes a score (before: counted as fp16's 8)
     assert "    q, k, v, o of one call       0.91 GB" in text.splitlines()  # 4 x 2 x 14,960 x 4096 x 2 B
 
 

@@ -23,6 +23,19 @@ OBJECT_INFO_OLD = os.path.join(SHARED_COMFYUI, "object_info-0.3.75.json")
 
 FRONTEND_ONLY_TYPES = wapi.FRONTEND_ONLY_TYPES
 NOTE_TYPES = frozenset({"Note", "MarkdownNote"})
+# (loader node type, model-file input) of the bundled workflows -> the ComfyUI models folder it reads, which is
+# also the `directory` of the node's `properties.models` entry for that file
+LOADER_FOLDERS = {
+    ("UNETLoader", "unet_name"): "diffusion_models",
+    ("CLIPLoader", "clip_name"): "text_encoders",
+    ("VAELoader", "vae_name"): "vae",
+    ("CheckpointLoaderSimple", "ckpt_name"): "checkpoints",
+    ("LTXAVTextEncoderLoader", "text_encoder"): "text_encoders",
+    ("LTXAVTextEncoderLoader", "ckpt_name"): "checkpoints",
+    ("LTXVAudioVAELoader", "ckpt_name"): "checkpoints",
+    ("LoraLoaderModelOnly", "lora_name"): "loras",
+    ("LatentUpscaleModelLoader", "model_name"): "latent_upscale_models",
+}
 
 
 def load_object_info(path):

@@ -30,27 +30,17 @@ WORKFLOW_DIR = os.path.join(ROOT, "workflows")
 WORKFLOWS = sorted(glob.glob(os.path.join(WORKFLOW_DIR, "*.json")))
 IDS = [os.path.basename(p) for p in WORKFLOWS]
 EXPECTED_WORKFLOWS = {
-    "wan22_5b_t2v_480p.json",
-    "wan22_5b_t2v_720p.json",
-    "wan22_5b_i2v_480p.json",
-    "ltx23_22b_t2v_av_720p.json",
-    "ltx23_22b_i2v_av_720p.json",
-    "ltx23_22b_t2v_av_1080p.json",
+    "Wan 2.2 5B Text to Video 480p.json",
+    "Wan 2.2 5B Text to Video 720p.json",
+    "Wan 2.2 5B Image to Video 480p.json",
+    "LTX-2.3 Text to Video 720p.json",
+    "LTX-2.3 Image to Video 720p.json",
+    "LTX-2.3 Text to Video 1080p.json",
 }
-WAN_WORKFLOWS = sorted(p for p in WORKFLOWS if os.path.basename(p).startswith("wan22_"))
+WAN_WORKFLOWS = sorted(p for p in WORKFLOWS if os.path.basename(p).startswith("Wan "))
 
 # (node type, input) -> models folder the file must be put in
-LOADER_FOLDERS = {
-    ("UNETLoader", "unet_name"): "diffusion_models/",
-    ("CLIPLoader", "clip_name"): "text_encoders/",
-    ("VAELoader", "vae_name"): "vae/",
-    ("CheckpointLoaderSimple", "ckpt_name"): "checkpoints/",
-    ("LTXAVTextEncoderLoader", "text_encoder"): "text_encoders/",
-    ("LTXAVTextEncoderLoader", "ckpt_name"): "checkpoints/",
-    ("LTXVAudioVAELoader", "ckpt_name"): "checkpoints/",
-    ("LoraLoaderModelOnly", "lora_name"): "loras/",
-    ("LatentUpscaleModelLoader", "model_name"): "latent_upscale_models/",
-}
+LOADER_FOLDERS = {key: folder + "/" for key, folder in ws.LOADER_FOLDERS.items()}
 SAMPLING_MODEL_CONSUMERS = {"KSampler", "KSamplerAdvanced", "SamplerCustom", "CFGGuider", "BasicGuider",
                             "DualCFGGuider", "PerpNegGuider"}
 MODEL_FILE_RE = re.compile(r"\.(safetensors|sft|ckpt|pt|pth|bin|gguf)$", re.IGNORECASE)
@@ -173,7 +163,7 @@ def test_note_lists_files_sources_flags_memory(path, oi_new):
                 assert value in text, f"note does not name {value}"
                 assert LOADER_FOLDERS[key] in text, f"note does not name the folder {LOADER_FOLDERS[key]}"
     assert "https://huggingface.co/" in text
-    if os.path.basename(path).startswith("wan22_"):
+    if os.path.basename(path).startswith("Wan "):
         assert "Comfy-Org/Wan_2.2_ComfyUI_Repackaged" in text
     else:
         assert "Lightricks/LTX-2.3" in text
@@ -248,7 +238,7 @@ def test_converter_follows_the_server_version(path, oi_new, oi_old):
 
 
 def test_converter_values_wan_480p(oi_new):
-    wf = load_named("wan22_5b_t2v_480p.json")
+    wf = load_named("Wan 2.2 5B Text to Video 480p.json")
     prompt = wapi.workflow_to_prompt(wf, oi_new)
     by_class = {}
     for nid, e in prompt.items():
@@ -271,7 +261,7 @@ def test_converter_values_wan_480p(oi_new):
 
 
 def test_converter_values_ltx_720p(oi_new):
-    wf = load_named("ltx23_22b_t2v_av_720p.json")
+    wf = load_named("LTX-2.3 Text to Video 720p.json")
     prompt = wapi.workflow_to_prompt(wf, oi_new)
     classes = [e["class_type"] for e in prompt.values()]
     assert classes.count("SamplerCustomAdvanced") == 2
@@ -427,7 +417,7 @@ def test_converter_imports_only_the_stdlib():
         elif isinstance(node, ast.ImportFrom):
             assert node.level == 0, "no relative imports: the file must run as a plain script"
             mods.add(node.module)
-    assert mods <= {"argparse", "json", "sys", "urllib.error", "urllib.parse", "urllib.request"}, mods
+    assert mods <= {"argparse", "json", "os", "sys", "urllib.error", "urllib.parse", "urllib.request"}, mods
 
 
 def _merged_object_info_file(tmp_path, oi_new):
@@ -437,7 +427,7 @@ def _merged_object_info_file(tmp_path, oi_new):
 
 
 def test_cli_prints_the_prompt(tmp_path, oi_new):
-    wf_path = os.path.join(WORKFLOW_DIR, "wan22_5b_i2v_480p.json")
+    wf_path = os.path.join(WORKFLOW_DIR, "Wan 2.2 5B Image to Video 480p.json")
     oi_path = _merged_object_info_file(tmp_path, oi_new)
     out = subprocess.run([sys.executable, WORKFLOW_API_PATH, wf_path, "--object-info", str(oi_path)],
                          capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
@@ -449,7 +439,7 @@ def test_cli_reports_types_missing_from_object_info(tmp_path, oi_new, pack_types
     # the live schemas without this pack's nodes (a ComfyUI where the pack is not installed); no ../shared needed
     stock = tmp_path / "object_info_stock.json"
     stock.write_text(json.dumps(stock_only(oi_new, pack_types_new)))
-    wf_path = os.path.join(WORKFLOW_DIR, "wan22_5b_t2v_480p.json")
+    wf_path = os.path.join(WORKFLOW_DIR, "Wan 2.2 5B Text to Video 480p.json")
     out = subprocess.run([sys.executable, WORKFLOW_API_PATH, wf_path, "--object-info", str(stock)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
@@ -457,7 +447,7 @@ def test_cli_reports_types_missing_from_object_info(tmp_path, oi_new, pack_types
 
 
 def test_cli_queues_against_a_server(oi_new):
-    wf_path = os.path.join(WORKFLOW_DIR, "ltx23_22b_t2v_av_720p.json")
+    wf_path = os.path.join(WORKFLOW_DIR, "LTX-2.3 Text to Video 720p.json")
     received = {}
     object_info = json.dumps(oi_new).encode()
 
@@ -521,7 +511,7 @@ def _has(problems, *parts):
 
 @pytest.fixture
 def wan(oi_new):
-    return copy.deepcopy(load_named("wan22_5b_t2v_480p.json"))
+    return copy.deepcopy(load_named("Wan 2.2 5B Text to Video 480p.json"))
 
 
 def test_broken_wrong_link_type(wan, oi_new):
@@ -614,7 +604,7 @@ def test_pack_nodes_must_be_present_and_known(wan, oi_new, pack_types_new):
 
 
 def test_ltx_broken_copy(oi_new):
-    wf = copy.deepcopy(load_named("ltx23_22b_t2v_av_720p.json"))
+    wf = copy.deepcopy(load_named("LTX-2.3 Text to Video 720p.json"))
     adec = _one(wf, "LTXVAudioVAEDecode")
     # feed the video VAE (checkpoint output 2) into the audio decoder's LATENT input
     lid = _input_link(wf, adec, "samples")["link"]
@@ -681,7 +671,8 @@ def test_text_encoder_and_vae_go_through_the_pack(path):
 
 
 def test_saved_before_v3_are_todays_main_workflows():
-    assert set(OLD_IDS) == EXPECTED_WORKFLOWS
+    # saved under the names the workflows had before they were named as the Templates browser shows them
+    assert {wapi.RENAMED_WORKFLOWS[name] for name in OLD_IDS} == EXPECTED_WORKFLOWS
     for path in OLD_WORKFLOWS:
         assert {"TiledAttentionPatch", "TiledFFNChunking"} <= real_types(load(path))
 

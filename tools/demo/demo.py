@@ -30,15 +30,15 @@ import re
 import shutil
 import statistics
 import sys
-import textwrap
 import time
 
 from ..comfyui_setup.comfy_server import ComfyServer
 from ..comfyui_setup.comfyui import LATEST, ROOT, comfy_path, import_comfy
+from . import demo_chart
 from .demo_summary import busy_reason, headline, step_times, summarize, table
 from ..comfyui_setup.prompt_tools import output_files, resized, without_patch, workflow_api
 
-WORKFLOW = os.path.join(ROOT, "workflows", "wan22_5b_t2v_480p.json")
+WORKFLOW = os.path.join(ROOT, "workflows", "Wan 2.2 5B Text to Video 480p.json")
 FILES = {"diffusion_models": "wan2.2_ti2v_5B_fp16.safetensors",
          "text_encoders": "umt5_xxl_fp8_e4m3fn_scaled.safetensors", "vae": "wan2.2_vae.safetensors"}
 PRESETS = {"480p": (832, 480, 41), "720p": (1280, 720, 121)}
@@ -315,68 +315,10 @@ def configure(prompt, prefix, size, frames, steps, seed, patch, ffn, mode, ffn_c
     return p
 
 
-STEP_TITLE = ("time per sampling step (s): median of the steps\nafter each run's first (one-off work, its time "
-              "written beside the bar)")
-# the frame-difference panel spans at least this much: a difference of a few 255ths is invisible in a frame and
-# must look small, not fill the panel
-FRAME_DIFF_FLOOR = 8 / 255
-
-
-def chart_panels(results, what, step_title=STEP_TITLE):
-    """What chart() draws, as data: (bar labels, [(values, panel title, label formats, x-axis end)] for the peak
-    memory, step time and frame-difference panels). A label names the configuration, then its role on a second
-    line; the frame-difference axis ends at 1.35x the largest difference but never below FRAME_DIFF_FLOOR."""
-    roles = {"default": "ComfyUI's default here", "recommended": "the pack, recommended"}
-    labels = [r["label"] + (f"\n{roles[r['role']]}" if r["role"] in roles else "") for r in results]
-    steps = [r["step_s"] or 0 for r in results]
-    firsts = [f"  (first step {r['first_s']:.0f} s)" if r.get("first_s") is not None else "" for r in results]
-    step_fmts = ["{:.1f} s" + f if r["step_s"] is not None else "no later step" + f for r, f in zip(results, firsts)]
-    peaks = [r["peak_gb"] for r in results]
-    diffs = [r["max_diff"] if r["max_diff"] is not None else 0 for r in results]
-    return labels, [
-        (peaks, f"peak {what} (GB)", ["{:.2f} GB"] * len(results), (max(peaks) or 1) * 1.35),
-        (steps, step_title, step_fmts, (max(steps) or 1) * 1.9),
-        (diffs, "max |decoded frame difference| vs sub-quadratic's\n(8-bit frames scaled to 0-1: 1/255 = 0.0039; "
-                "the axis spans at least 8/255)",
-         ["the reference" if r["role"] == "default" else "not compared" if r["max_diff"] is None else
-          "0: identical" if r["max_diff"] == 0 else f"{max(1, round(r['max_diff'] * 255))}/255" for r in results],
-         max(max(diffs) * 1.35, FRAME_DIFF_FLOOR))]
-
-
 def use_clone_for_matplotlib():
     """matplotlib's cache and config in the clone's .cache/matplotlib, not ~/.cache and ~/.config (unless
     MPLCONFIGDIR is set): main() calls it first, before matplotlib is imported, and the servers inherit it."""
     os.environ.setdefault("MPLCONFIGDIR", os.path.join(ROOT, ".cache", "matplotlib"))
-
-
-def chart(results, path, title, what, step_title=STEP_TITLE, busy=None):
-    """Three panels a user reads at a glance, every bar under its configuration's name: peak memory, seconds per
-    step (median of the later steps; the first step, with its one-off work, written beside it) and the largest
-    frame difference from the default configuration (chart_panels); the headline is the title. `busy`: the step
-    panel says the times are unreliable."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    labels, panels = chart_panels(results, what, step_title)
-    colors = {"default": "#616161", "math": "#9e9e9e", "recommended": "#1e88e5", "ffn": "#0d47a1"}
-    bar_colors = [colors.get(r["role"], "#9e9e9e") for r in results]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
-    for ax, (vals, name, fmts, end) in zip(axes, panels):
-        bars = ax.barh(labels, vals, color=bar_colors)
-        ax.invert_yaxis()
-        ax.set_title(name, fontsize=10)
-        ax.tick_params(labelsize=9)
-        for b, v, fmt in zip(bars, vals, fmts):
-            ax.text(b.get_width(), b.get_y() + b.get_height() / 2, " " + fmt.format(v), va="center", fontsize=9)
-        ax.set_xlim(0, end)
-    if busy:
-        axes[1].set_title(axes[1].get_title() + "\nMACHINE BUSY: times unreliable", fontsize=10, color="#c62828")
-    for ax in axes[1:]:
-        ax.set_yticklabels([])
-    fig.suptitle("\n".join(textwrap.fill(line, 150) for line in title), fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def save_runs(path, meta, runs):
@@ -428,15 +370,18 @@ def report(meta, runs, a):
     os.makedirs(a.out_dir, exist_ok=True)
     chart_path = os.path.abspath(a.chart or os.path.join(a.out_dir, "demo.png"))
     json_path = os.path.abspath(a.json or os.path.join(a.out_dir, "demo.json"))
-    chart(results, chart_path, lines, what, busy=busy)
+    saved = {**meta, "busy": busy, "headline": lines, "results": results}
+    saved["chart"] = demo_chart.words(saved)  # what the chart says, and what it leaves to words
+    demo_chart.draw_report(saved, chart_path)  # from what demo.json holds, and nothing else
     with open(json_path, "w") as f:
-        json.dump({**meta, "busy": busy, "headline": lines, "results": results}, f, indent=1)
+        json.dump(saved, f, indent=1)
     print(f"\n{meta['repeats']} interleaved rounds, {meta['steps']} steps a run; s/step is the median of the "
           "steps after each run's first")
     if busy:
         print(f"warning: machine busy ({busy}): the times are unreliable; run the demo again when the machine "
               "is quiet")
     print("\n".join(lines))
+    print("\nthe chart: " + saved["chart"]["headline"] + "\n" + "\n".join("  " + n for n in saved["chart"]["notes"]))
     print(f"chart: {chart_path}\nresults: {json_path}")
     return results
 

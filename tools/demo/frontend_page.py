@@ -97,4 +97,8 @@ def write_placeholders(base, workflow_paths):
 
 
 def workflow_path(name):
-    return os.path.join(ROOT, "workflows", name + ".json")
+    """workflows/<name>.json; an old name from before the workflows were named as the Templates browser shows
+    them (wan22_5b_t2v_480p) gives the renamed file."""
+    from ..workflow_api import renamed_workflow
+    path = os.path.join(ROOT, "workflows", name + ".json")
+    return renamed_workflow(path) or path

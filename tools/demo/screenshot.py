@@ -1,7 +1,7 @@
 """Refresh the README's screenshot: a bundled workflow in the real ComfyUI frontend (a stock server of the chosen
 version with this pack, the frontend that version pins), headless Chromium, the view fitted to the graph.
 
-    python -m tools.demo.screenshot [--workflow wan22_5b_t2v_480p] [--version 0.33.0] \
+    python -m tools.demo.screenshot [--workflow "Wan 2.2 5B Text to Video 480p"] [--version 0.33.0] \
         [--out docs/screenshot-wan22-480p.png]
 
 Needs /usr/bin/chromium with a CJK font (apt-get install chromium fonts-wqy-microhei: the Wan prompts hold
@@ -63,7 +63,7 @@ def take(workflow, version, out):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--workflow", default="wan22_5b_t2v_480p", help="a workflows/*.json name without .json")
+    p.add_argument("--workflow", default="Wan 2.2 5B Text to Video 480p", help="a workflows/*.json name without .json")
     p.add_argument("--version", default=LATEST, choices=VERSIONS, help="the ComfyUI that serves the page")
     p.add_argument("--out", default=DEFAULT_OUT, help="the PNG to write (default: the README's screenshot)")
     args = p.parse_args(argv)

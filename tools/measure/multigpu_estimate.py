@@ -40,7 +40,7 @@ def _wan22_5b():
 
 def _ltx23_1080p():
     d, ffn, a = 4096, 4 * 4096, 2048
-    # stage 2 of ltx23_22b_t2v_av_1080p.json: 1920x1088 (cropped to 1080), 129 frames: (1 + 128/8) * 34 * 60 tokens
+    # stage 2 of LTX-2.3 Text to Video 1080p.json: 1920x1088 (cropped to 1080), 129 frames: (1 + 128/8) * 34 * 60 tokens
     return Model("LTX-2.3 22B, 1920x1088, 129 frames (stage 2)", 17 * 34 * 60, 32, 128, 48,
                  4 * d * d + 2 * d * d + 2 * d * ffn + 2 * d * a, 3 * 1)  # ManualSigmas: 3 steps, CFG 1
 

@@ -86,10 +86,12 @@ NODES, ROUTING, CLONES, FIT = C + "test_comfy_nodes.py", C + "test_attention_rou
     C + "test_fit_node.py"
 COMPILE = C + "test_compile_fullgraph.py"
 EVERYWHERE = C + "test_everywhere_inprocess.py"  # the process-wide mode (Tiled Attention Everywhere)
+AUTOCAST = C + "test_autocast_routes.py"  # every route under torch.autocast
 # its state lines, switching while other threads run or compile, counts under torch.compile
 EVERYWHERE_MORE = [C + "test_everywhere_state.py", C + "test_everywhere_concurrency.py",
                    C + "test_everywhere_counts.py"]
 SCHEMAS = C + "test_node_schemas.py"  # every node's widgets against the snapshot (seconds)
+NOTICE = C + "test_override_notice.py"  # a later node replacing Patch Attention's override; the heads error's route
 NODE_TESTS = [NODES, ROUTING, CLONES, FIT, EVERYWHERE, SCHEMAS, ADAPTER_KILLS]
 BY_FILE = [
     # the forward-mode Function and plain_attention (what torch.compile traces under forward-mode AD) are tested
@@ -106,24 +108,27 @@ BY_FILE = [
                                  E + "test_patch_concurrency.py", E + "test_compiled_counts.py"]),
     ("attention_core/ffn/", [E + "test_ffn_chunking.py", E + "test_ffn_compile.py", E + "test_coverage_ffn_patch.py",
                              KILLS, FRESH_KILLS]),
-    ("attention_core/parallel.py", [E + "test_parallel.py", E + "test_parallel_kv_copies.py"]),
-    ("attention_core/selfcheck.py", [E + "test_detection.py", E + "test_coverage_cli_device.py", KILLS]),
+    ("attention_core/parallel.py", [E + "test_parallel.py", E + "test_parallel_kv_copies.py", E + "test_autocast.py"]),
+    ("attention_core/selfcheck.py", [E + "test_detection.py", E + "test_coverage_cli_device.py",
+                                     E + "test_torch_yardstick.py", KILLS]),
     ("nodes/__init__.py", [NODES, ROUTING, EVERYWHERE, ADAPTER_KILLS, SCHEMAS]),  # the extension: nodes, backend, env
     ("nodes/api.py", [NODES, SCHEMAS]),
-    ("nodes/attention.py", [NODES, ROUTING, CLONES, ADAPTER_KILLS, SCHEMAS]),  # Patch Attention (MODEL, CLIP, VAE)
+    ("nodes/attention.py", [NODES, ROUTING, CLONES, NOTICE, ADAPTER_KILLS, SCHEMAS]),  # Patch Attention (MODEL, CLIP, VAE)
     ("nodes/backend_registry.py", [NODES, ROUTING, ADAPTER_KILLS]),
     ("nodes/clones.py", [CLONES, NODES, ROUTING, ADAPTER_KILLS]),
-    ("nodes/comfy_adapter.py", [NODES, ROUTING, CLONES, EVERYWHERE, COMPILE, ADAPTER_KILLS, C + "test_everywhere_counts.py"]),
-    ("nodes/comfy_global_route.py", [EVERYWHERE, NODES, ADAPTER_KILLS] + EVERYWHERE_MORE),  # ComfyUI's global attention in the process-wide mode
+    ("nodes/comfy_adapter.py", [NODES, ROUTING, CLONES, EVERYWHERE, NOTICE, AUTOCAST, COMPILE, ADAPTER_KILLS,
+                                C + "test_everywhere_counts.py"]),
+    ("nodes/comfy_global_route.py", [EVERYWHERE, AUTOCAST, NODES, ADAPTER_KILLS] + EVERYWHERE_MORE),  # ComfyUI's global attention in the process-wide mode
     ("nodes/connector_route.py", [ROUTING, CLONES, NODES, ADAPTER_KILLS]),  # LTX-2.3's text connectors
     ("nodes/everywhere.py", [EVERYWHERE, NODES, ADAPTER_KILLS] + EVERYWHERE_MORE),  # the process-wide mode: environment variable, state
     ("nodes/everywhere_node.py", [EVERYWHERE, NODES, SCHEMAS, C + "test_everywhere_state.py"]),  # Tiled Attention Everywhere
     ("nodes/ffn.py", [NODES, CLONES, COMPILE, SCHEMAS, ADAPTER_KILLS]),  # FFN Chunking
     ("nodes/fit.py", [FIT, NODES, SCHEMAS]),  # Attention Fit
-    ("nodes/info.py", [NODES, EVERYWHERE, SCHEMAS, ADAPTER_KILLS, C + "test_everywhere_state.py"]),  # Attention Info, the start line
+    ("nodes/info.py", [NODES, EVERYWHERE, NOTICE, SCHEMAS, ADAPTER_KILLS, C + "test_everywhere_state.py"]),  # Attention Info, the start line
     ("nodes/object_routes.py", [ROUTING, CLONES, NODES]),
-    ("nodes/text_encoder_route.py", [ROUTING, CLONES, NODES, ADAPTER_KILLS]),
-    ("nodes/vae_route.py", [ROUTING, CLONES, NODES, EVERYWHERE]),
+    ("nodes/override_notice.py", [NOTICE, NODES]),  # the check a Patch Attention clone runs when sampling starts
+    ("nodes/text_encoder_route.py", [ROUTING, CLONES, NODES, AUTOCAST, ADAPTER_KILLS]),
+    ("nodes/vae_route.py", [ROUTING, CLONES, NODES, EVERYWHERE, AUTOCAST]),
 ]
 # files whose tests run them in worker processes (torch.distributed groups) that the coverage run does not trace:
 # their mutants run the file's BY_FILE selection instead of the tests coverage saw on the line (none)

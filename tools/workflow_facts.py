@@ -1,0 +1,113 @@
+"""What a bundled workflow makes, read from the workflow JSON itself: model (from its diffusion model file), task,
+output size, frames, frame rate, audio and sampling stages. The template cards (tools/template_cards.py) draw these facts and
+name each workflow file after them, so a card and a file name can never say something the graph does not do.
+
+``workflow_facts(workflow)`` returns a ``WorkflowFacts``; a graph it cannot read (no latent-size node, an
+unknown model file, no Patch Attention on it) raises ``ValueError`` naming what is missing, so a new or changed
+workflow fails loudly instead of getting a wrong card.
+
+Output size: the latent node's width x height (``Wan22ImageToVideoLatent``, ``EmptyLTXVLatentVideo``), times the
+factor of a latent upscaler that is in the graph (the ``x2`` of ``ltx-2.3-spatial-upscaler-x2-1.1``), then an
+``ImageCrop`` if there is one (the 1080p workflow samples 1920x1088 and crops to 1920x1080). Duration =
+frames / fps of ``CreateVideo``.
+"""
+import re
+from dataclasses import dataclass
+
+# model files the bundled workflows sample with -> (the model as titles name it, as the cards name it); titles
+# follow ComfyUI's own templates ("Wan 2.2 5B Video Generation", "LTX-2.3: Text to Video")
+MODEL_NAMES = (
+    (re.compile(r"^wan2\.2_ti2v_5B_"), ("Wan 2.2 5B", "Wan 2.2 TI2V 5B")),
+    (re.compile(r"^ltx-2\.3-22b-"), ("LTX-2.3", "LTX-2.3 22B")),
+)
+DIFFUSION_LOADERS = {"UNETLoader": "unet_name", "CheckpointLoaderSimple": "ckpt_name"}
+LATENT_SIZE_NODES = ("Wan22ImageToVideoLatent", "EmptyLTXVLatentVideo")  # widgets: width, height, length, ...
+SAMPLER_NODES = ("KSampler", "KSamplerAdvanced", "SamplerCustom", "SamplerCustomAdvanced")
+UPSCALE_FACTOR_RE = re.compile(r"-x(\d+(?:\.\d+)?)-")
+STANDARD_HEIGHTS = (480, 720, 1080)
+
+
+@dataclass(frozen=True)
+class WorkflowFacts:
+    model: str            # "Wan 2.2 5B": as the title names it
+    model_long: str       # "Wan 2.2 TI2V 5B": as the card names it
+    task: str             # "Text to Video" / "Image to Video"
+    audio: bool           # the saved video carries a generated sound track
+    width: int            # of the saved video
+    height: int
+    frames: int
+    fps: float
+    stages: int           # sampling passes (LTX-2.3: half size, then the upscaled refine)
+    upscale: float        # the latent upscaler's factor between the passes (1 when there is none)
+
+    @property
+    def seconds(self):
+        return self.frames / self.fps
+
+    @property
+    def resolution(self):
+        """The nearest standard video height as "480p" / "720p" / "1080p" (1280x704 is 720p)."""
+        return f"{min(STANDARD_HEIGHTS, key=lambda h: abs(h - min(self.width, self.height)))}p"
+
+
+def _nodes(workflow, ntype):
+    return [n for n in workflow["nodes"] if n["type"] == ntype and n.get("mode", 0) == 0]
+
+
+def _one(workflow, ntypes):
+    found = [n for t in ntypes for n in _nodes(workflow, t)]
+    if len(found) != 1:
+        raise ValueError(f"expected exactly one of {', '.join(ntypes)}, found {len(found)}")
+    return found[0]
+
+
+def _linked(node, input_name):
+    return any(i["name"] == input_name and i.get("link") is not None for i in node.get("inputs") or [])
+
+
+def _model(workflow):
+    loader = _one(workflow, tuple(DIFFUSION_LOADERS))
+    name = loader["widgets_values"][0]
+    for pattern, family in MODEL_NAMES:
+        if pattern.search(name):
+            return family
+    raise ValueError(f"unknown diffusion model file {name!r}: add its names to MODEL_NAMES in {__name__}")
+
+
+def _output_size(workflow):
+    latent = _one(workflow, LATENT_SIZE_NODES)
+    width, height, frames = latent["widgets_values"][:3]
+    factor = 1.0
+    for node in _nodes(workflow, "LatentUpscaleModelLoader"):
+        match = UPSCALE_FACTOR_RE.search(node["widgets_values"][0])
+        if not match:
+            raise ValueError(f"latent upscaler {node['widgets_values'][0]!r} names no -xN- factor")
+        factor = float(match.group(1))
+        width, height = int(width * factor), int(height * factor)
+    crops = _nodes(workflow, "ImageCrop")
+    if crops:
+        width, height = _one(workflow, ("ImageCrop",))["widgets_values"][:2]
+    return width, height, frames, factor
+
+
+def workflow_facts(workflow):
+    """The facts of one UI-format workflow (a dict as json.load gives it)."""
+    if not _nodes(workflow, "TiledAttentionPatch"):
+        raise ValueError("no active Patch Attention (TiledAttentionPatch) node: not a tiled-attention workflow")
+    model, model_long = _model(workflow)
+    width, height, frames, upscale = _output_size(workflow)
+    video = _one(workflow, ("CreateVideo",))
+    images = [n for n in _nodes(workflow, "LoadImage") if n.get("outputs") and n["outputs"][0].get("links")]
+    return WorkflowFacts(
+        model=model, model_long=model_long, task="Image to Video" if images else "Text to Video",
+        audio=_linked(video, "audio"), width=int(width), height=int(height), frames=int(frames),
+        fps=float(video["widgets_values"][0]), stages=sum(len(_nodes(workflow, t)) for t in SAMPLER_NODES),
+        upscale=upscale)
+
+
+def template_title(facts):
+    """The title a person reads in ComfyUI's Templates browser, which is the workflow's file name (without
+    .json) for a custom node pack's templates: "Wan 2.2 5B Text to Video 480p". ASCII letters, digits, spaces,
+    dots and hyphens only: the name travels unescaped through the server's listing, the frontend's template
+    URLs, git, zip archives and Windows file systems."""
+    return f"{facts.model} {facts.task} {facts.resolution}"
