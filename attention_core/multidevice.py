@@ -6,10 +6,14 @@ device. Transfers are O(N*H*D) (q, k, v there, out back) against O(N^2*H*D) atte
 concurrently: one thread per device, each on its device's own stream. The copies are autograd-differentiable, so backward
 runs each group's recompute backward on its device and sends the gradients back.
 
-Under torch.func transforms (grad, vmap, jvp, jacrev, ...), forward-mode AD (dual tensors) and torch.compile the
-groups run one after the other in the calling thread instead: the transforms' state, the dual tensors' tangents and
-dynamo's tracing belong to that thread, and worker threads would silently compute without them (zero gradients and
-tangents). The result is the same, exactly; only the devices no longer overlap.
+Under torch.func transforms (grad, vmap, jvp, jacrev, ...), forward-mode AD (dual tensors), a torch.compile trace
+and a tensor subclass mode (make_fx / torch.export / AOT tracing, fake tensors) the groups run one after the other
+in the calling thread instead: the transforms' state, the dual tensors' tangents, dynamo's tracing and the modes
+belong to that thread, and worker threads would silently compute without them (zero gradients and tangents,
+operations missing from the traced graph). The result is the same, exactly; only the devices no longer overlap.
+Each question is asked of this thread only: another thread compiling changes nothing here.
+
+With count_as (attention_core.kernel.counts) the call is counted once, by the first group's engine call.
 """
 from __future__ import annotations
 
@@ -70,7 +74,8 @@ def _mask_for(mask, group: HeadGroup, q_heads: int):
 
 
 def _attend(group, q, k, v, mask, args, engine_kwargs):
-    """This group's heads copied to its device (differentiable copies) and attended there."""
+    """This group's heads copied to its device (differentiable copies) and attended there (engine_kwargs as this
+    group gets them: _group_kwargs)."""
     dev = group.device
     qg = q[..., group.q_heads, :, :].to(dev, non_blocking=True)
     kg = k[..., group.kv_heads, :, :].to(dev, non_blocking=True)
@@ -97,11 +102,22 @@ def _run_group(group, q, k, v, mask, args, engine_kwargs, grad_enabled, inferenc
     results[i] = (out, peak, threading.get_ident())
 
 
+def _group_kwargs(engine_kwargs: dict, i: int) -> dict:
+    """The engine options of group i: count_as for the first group only (one count per attention call)."""
+    if i == 0 or not engine_kwargs.get("count_as"):
+        return engine_kwargs
+    return {**engine_kwargs, "count_as": ""}
+
+
 def in_calling_thread_only(tensors) -> bool:
-    """Whether the head groups must run in the calling thread: under a torch.func transform, with forward-mode AD
-    dual tensors among `tensors` (None allowed), or while torch.compile traces. That state is the calling thread's
-    and worker threads would compute without it."""
-    if torch.compiler.is_compiling():
+    """Whether the head groups must run in the calling thread: while dynamo traces this call, under a tensor
+    subclass mode (make_fx / torch.export / AOT tracing, fake tensors: TorchDispatchModes on this thread's stack),
+    under a torch.func transform, or with forward-mode AD dual tensors among `tensors` (None allowed). That state
+    is the calling thread's and worker threads would compute without it. (Not torch.compiler.is_compiling(): on
+    torch 2.14 it answers True on every thread while any thread compiles.)"""
+    if torch.compiler.is_dynamo_compiling():
+        return True
+    if torch._C._len_torch_dispatch_stack() > 0:
         return True
     if torch._C._are_functorch_transforms_active():
         return True
@@ -136,13 +152,14 @@ def scaled_dot_product_attention_on_devices(query, key, value, attn_mask=None, d
     if len(groups) == 1 and groups[0].device == query.device:
         return scaled_dot_product_attention(query, key, value, attn_mask, *args, **engine_kwargs)
     if in_calling_thread_only((query, key, value, attn_mask)):  # see the module docstring
-        if torch.compiler.is_compiling():  # traced: no logging, no device switch (tensors carry their device)
-            return _join([_attend(g, query, key, value, _mask_for(attn_mask, g, H), args, engine_kwargs)
-                          for g in groups], query.device, bool(engine_kwargs.get("return_lse")))
+        if torch.compiler.is_dynamo_compiling():  # traced: no logging, no device switch (tensors carry their device)
+            outs = [_attend(g, query, key, value, _mask_for(attn_mask, g, H), args, _group_kwargs(engine_kwargs, i))
+                    for i, g in enumerate(groups)]
+            return _join(outs, query.device, bool(engine_kwargs.get("return_lse")))
         results = []
-        for g in groups:
+        for i, g in enumerate(groups):
             with torch.cuda.device(g.device) if g.device.type == "cuda" else contextlib.nullcontext():
-                out = _attend(g, query, key, value, _mask_for(attn_mask, g, H), args, engine_kwargs)
+                out = _attend(g, query, key, value, _mask_for(attn_mask, g, H), args, _group_kwargs(engine_kwargs, i))
             results.append((out, None, threading.get_ident()))
         return _joined_and_logged(results, groups, query, key, value, engine_kwargs, log_level)
     results = [None] * len(groups)
@@ -152,8 +169,8 @@ def scaled_dot_product_attention_on_devices(query, key, value, attn_mask=None, d
 
     def work(i, g):
         try:
-            _run_group(g, query, key, value, _mask_for(attn_mask, g, H), args, engine_kwargs, grad, inference,
-                       measure, results, i)
+            _run_group(g, query, key, value, _mask_for(attn_mask, g, H), args, _group_kwargs(engine_kwargs, i), grad,
+                       inference, measure, results, i)
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread below
             errors[i] = e
 

@@ -7,20 +7,31 @@ devices with fused attention go to the original. disable() restores the original
 
 The patch is on while enable() is in force or any patched() block (in any thread) is open: every block holds a
 token, so blocks can nest and overlap across threads in any order and the last one out restores torch's function
-(unless enable() holds it). The options in force are the latest still-open block's, else enable()'s; they are
-replaced whole, so a call on another thread sees either the old options or the new ones, never a mix, and a call
-already running finishes on the path it took. All state changes happen under one lock.
+(unless enable() holds it). The options in force are the latest still-open block's, else enable()'s.
+
+Switching is safe while other threads call SDPA or compile: the patch's state (installed?, the Config in force, the
+functions ours was put over) is one immutable State, replaced whole under the lock; each call reads it once, so it
+never sees a mix, and a call already running finishes on the path it took. Every switch (enable, disable, a block's
+entry and exit, and the pack's switches through switching()) first takes torch.compile's compile lock (dynamo holds
+it for a whole trace and its guard check), then this module's lock: a switch waits for a trace in progress instead
+of changing what it reads mid-trace (which failed the compile), and the guards on the state make the next call
+recompile. Always in that order, so nothing deadlocks.
 
 deferred() marks calls that another route already decided (the pack's per-model Patch Attention: its settings win
 for its model): SDPA calls made on that thread inside the block go to torch's own function, uncounted as routed.
 stats() counts, per code path, the calls seen while the patch was on: "routed" (to the engine), "passed" (left to
 the original) and "deferred"; record() lets another route of the same mode (ComfyUI's global attention function,
-nodes/comfy_global_route.py) count into it. Calls inside a torch.compile trace are not counted.
+nodes/comfy_global_route.py) count its passed and deferred calls into it, and count_key() names its engine calls.
+Routed calls are counted by the engine's op where it runs (kernel/counts.py), so they are counted inside
+torch.compile graphs too ("compiled": how many of them ran there); passed and deferred calls are counted in eager
+code only (inside a graph a Python counter would be a guard), so the ones a compiled graph passes on are not seen.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
+import os
+import sys
 import threading
 from collections import namedtuple
 
@@ -28,37 +39,88 @@ import torch
 import torch.nn.functional as F
 
 from .device.torch_version import parse as parse_version
+from .kernel import counts
 
 SDPA_PATH = "torch_sdpa"  # stats() key of the calls this patch sees
 OUTCOMES = ("routed", "passed", "deferred")
+COUNT_PREFIX = "patch:"  # the engine count keys (kernel/counts.py) of the paths stats() reports
 Config = namedtuple("Config", "force min_tokens options")  # the options in force, replaced whole
+# what a call reads, once: whether our function is (or was last put) in F.scaled_dot_product_attention, the Config
+# in force, and the functions ours was put over, oldest first (torch's own, then any other library's function found
+# there at a later install): a call that passes through goes to the latest; one that re-enters ours from inside that
+# function (a wrapper another library put around ours, still holding it after ours was switched off) goes one further
+# back, so that ours and their wrapper never call each other without end
+State = namedtuple("State", "installed config fallbacks")
+OFF = Config(False, 0, {})
 
 _lock = threading.RLock()
-# the functions ours was put over, oldest first (torch's own, then any other library's function found there at a
-# later install): a call that passes through goes to the latest; one that re-enters ours from inside that function
-# (a wrapper another library put around ours, still holding it after ours was switched off) goes one further back,
-# so that ours and their wrapper never call each other without end
-_fallbacks: list = []
-_installed = False  # our function is (or was last put) in F.scaled_dot_product_attention
+_state = State(False, OFF, ())  # replaced whole under _lock, read without it
 _traced_passing = 0  # _local.passing's count inside a torch.compile trace
 # whether dynamo reads back a module global stored earlier in the same trace (torch 2.5's does not: a pass-through
 # into a foreign wrapper that holds ours would loop while tracing)
 TRACED_STORES_SEEN = parse_version(torch.__version__) >= (2, 6)
 _global = None  # Config from enable(), None when not enabled
 _blocks: list = []  # [(token, Config)] of open patched() blocks, in entry order
-_config = Config(False, 0, {})  # the Config in force; replaced whole, read without the lock
+_last_switch = None  # (what, by): the latest enable() / disable() and where it was called from
 _local = threading.local()  # .deferred: depth of deferred() blocks; .passing: of our calls passing through
-_stats: dict = {}  # path -> {outcome: calls}
-_stats_lock = threading.Lock()
+_stats: dict = {}  # path -> {outcome: calls} of the passed and deferred calls
+_stats_lock = threading.RLock()  # reentrant: a stats() from code that interrupts record() (a trace function) cannot deadlock
+
+
+def _compile_lock():
+    """torch.compile's compile lock (torch._dynamo.convert_frame.compile_lock, an RLock that dynamo holds while it
+    traces a frame and checks the new guards: torch 2.5 to 2.14 have it), or a null context on a torch without."""
+    try:
+        from torch._dynamo import convert_frame
+    except ImportError:  # a torch built without dynamo
+        return contextlib.nullcontext()
+    lock = getattr(convert_frame, "compile_lock", None)
+    return lock if lock is not None else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def switching():
+    """with switching(): ... - hold what every switch of the patch holds (the compile lock, then this module's lock)
+    for a switch made of several steps (the pack's process-wide mode: the patch and ComfyUI's attention functions
+    together), so no call and no torch.compile trace sees half of it. Reentrant; take it before any lock of your
+    own that you also hold around a switch."""
+    with _compile_lock(), _lock:
+        yield
 
 
 def is_enabled() -> bool:
-    return _installed
+    return _state.installed
 
 
 def config():
     """The Config (force, min_tokens, engine options) in force while the patch is on, else None."""
-    return _config if _installed else None
+    st = _state
+    return st.config if st.installed else None
+
+
+def enabled_config():
+    """The Config enable() put in force (the same object until the next enable() or disable()), else None;
+    patched() blocks do not change it."""
+    return _global
+
+
+def last_switch():
+    """(what, by) of the latest enable() or disable() in this process, e.g. ("disable()", "myscript.py:12 in
+    main"), or None before the first."""
+    return _last_switch
+
+
+def _caller() -> str:
+    """Where the switch was called from: the first frame outside this module and contextlib, as file:line in
+    function (the file's folder and name only)."""
+    f = sys._getframe(1)
+    while f is not None and f.f_code.co_filename in (__file__, contextlib.__file__):
+        f = f.f_back
+    if f is None:
+        return "unknown"
+    path = f.f_code.co_filename
+    short = os.path.join(os.path.basename(os.path.dirname(path)), os.path.basename(path))
+    return f"{short}:{f.f_lineno} in {f.f_code.co_name}"
 
 
 def _servable(q, k, v) -> bool:
@@ -98,24 +160,46 @@ def deferred():
 
 
 def record(path: str, outcome: str) -> None:
-    """Count one call of `path` as `outcome` ("routed", "passed" or "deferred"); nothing inside a torch.compile
-    trace (a Python counter read there would make dynamo guard on it)."""
+    """Count one call of `path` as `outcome` ("passed" or "deferred"; routed calls are counted by the engine under
+    count_key(path)); nothing inside a torch.compile trace (a Python counter read there would make dynamo guard on
+    it)."""
+    if outcome not in OUTCOMES[1:]:
+        raise ValueError(f"attention_core patch: record() counts 'passed' or 'deferred' calls, got {outcome!r} "
+                         "(routed calls are counted by the engine: pass count_as=count_key(path))")
     if torch.compiler.is_dynamo_compiling():
         return
     with _stats_lock:
-        per = _stats.setdefault(path, dict.fromkeys(OUTCOMES, 0))
+        per = _stats.setdefault(path, dict.fromkeys(OUTCOMES[1:], 0))
         per[outcome] += 1
 
 
+def count_key(path: str) -> str:
+    """The count_as key (attention_core.scaled_dot_product_attention) of an engine call routed on `path`, made
+    now: the engine counts it where it runs, and stats() reports it as routed (compiled when traced)."""
+    return counts.traced_key(COUNT_PREFIX + path)
+
+
 def stats() -> dict:
-    """{path: {"routed", "passed", "deferred", "total"}} of the calls counted since the last reset_stats()."""
+    """{path: {"routed", "passed", "deferred", "total", "compiled"}} of the calls counted since the last
+    reset_stats(); "compiled": how many of the routed calls ran inside torch.compile graphs (there the calls passed on
+    are not seen, so "total" counts eager calls plus the compiled graphs' routed ones)."""
+    engine = counts.counted(COUNT_PREFIX)
     with _stats_lock:
-        return {path: {**per, "total": sum(per.values())} for path, per in _stats.items()}
+        eager = {path: dict(per) for path, per in _stats.items()}
+    out = {}
+    for path in sorted(set(eager) | {k[len(COUNT_PREFIX):] for k in engine}):
+        routed, compiled = engine.get(COUNT_PREFIX + path, (0, 0))
+        per = eager.get(path, {})
+        passed, deferred = per.get("passed", 0), per.get("deferred", 0)
+        out[path] = {"routed": routed, "passed": passed, "deferred": deferred, "total": routed + passed + deferred,
+                     "compiled": compiled}
+    return out
 
 
 def reset_stats() -> None:
     with _stats_lock:
         _stats.clear()
+        counts.reset(COUNT_PREFIX)
 
 
 def _long_enough(query, key, min_tokens: int) -> bool:
@@ -132,8 +216,9 @@ def _patched_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
         from torch.nn.attention.bias import CausalBias
         return CausalBias._dispatch(query, key, value, attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                                     scale=scale, enable_gqa=enable_gqa)
-    cfg = _config
-    if _installed:
+    st = _state  # once: a switch on another thread replaces it whole, this call keeps what it read
+    cfg = st.config
+    if st.installed:
         if not torch.compiler.is_dynamo_compiling() and is_deferred():  # thread-local state is not traced
             outcome = "deferred"
         elif (not kwargs and _servable(query, key, value) and _long_enough(query, key, cfg.min_tokens)
@@ -141,35 +226,36 @@ def _patched_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
             outcome = "routed"
         else:
             outcome = "passed"
-        record(SDPA_PATH, outcome)
+        if outcome != "routed":
+            record(SDPA_PATH, outcome)
     else:
         outcome = "passed"
     if outcome != "routed":
-        return _pass_through(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-                             scale=scale, enable_gqa=enable_gqa, **kwargs)
+        return _pass_through(st.fallbacks, query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                             is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, **kwargs)
     from .sdpa import scaled_dot_product_attention
     return scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                                        **cfg.options)
+                                        count_as=count_key(SDPA_PATH), **cfg.options)
 
 
-def _pass_through(*args, **kwargs):
-    """The function ours was put over (see _fallbacks), one further back for each of our calls already passing
-    through on this thread; torch's own when ours is over nothing (a reference to it kept past disable())."""
-    if not _fallbacks:
+def _pass_through(fallbacks: tuple, *args, **kwargs):
+    """The function ours was put over (the State's fallbacks), one further back for each of our calls already
+    passing through on this thread; torch's own when ours is over nothing (a reference to it kept past disable())."""
+    if not fallbacks:
         return torch._C._nn.scaled_dot_product_attention(*args, **kwargs)
     if torch.compiler.is_dynamo_compiling():  # thread-local state is not traced: a module global counts (dynamo
         global _traced_passing  # replays the stores as side effects; a trace runs on one thread)
         if not TRACED_STORES_SEEN:  # torch 2.5's dynamo does not read back the store: torch's own, never a loop
-            return _fallbacks[0](*args, **kwargs)
+            return fallbacks[0](*args, **kwargs)
         depth = _traced_passing
-        original = _fallbacks[-1 - depth] if depth < len(_fallbacks) else _fallbacks[0]
+        original = fallbacks[-1 - depth] if depth < len(fallbacks) else fallbacks[0]
         _traced_passing = depth + 1
         try:
             return original(*args, **kwargs)
         finally:  # an error must not leave the count raised
             _traced_passing = depth
     depth = getattr(_local, "passing", 0)
-    original = _fallbacks[-1 - depth] if depth < len(_fallbacks) else _fallbacks[0]
+    original = fallbacks[-1 - depth] if depth < len(fallbacks) else fallbacks[0]
     _local.passing = depth + 1
     try:
         return original(*args, **kwargs)
@@ -178,54 +264,65 @@ def _pass_through(*args, **kwargs):
 
 
 def _refresh() -> None:
-    """Install or remove the patch and set the options in force from enable()'s and the open blocks' (lock held)."""
-    global _installed, _config
-    if _blocks:
-        _config = _blocks[-1][1]
-    elif _global is not None:
-        _config = _global
-    else:
-        _config = Config(False, 0, {})
+    """Install or remove the patch and set the options in force from enable()'s and the open blocks' (both locks
+    held): a new State, put in place whole before our function is installed and after it is removed, so a call that
+    reaches ours always finds the functions ours was put over."""
+    global _state
+    st = _state
+    cfg = _blocks[-1][1] if _blocks else (_global if _global is not None else OFF)
     want = _global is not None or bool(_blocks)
-    if want and not _installed:
+    if want and not st.installed:
         current = F.scaled_dot_product_attention
         if current is not _patched_sdpa:
-            if not _fallbacks:  # torch's own: our function takes its name and signature (once: a later function
-                functools.update_wrapper(_patched_sdpa, current, updated=())  # may hold ours, a __wrapped__ loop)
-            _fallbacks.append(current)
+            if not st.fallbacks:  # torch's own: our function takes its name and signature (once: a later
+                functools.update_wrapper(_patched_sdpa, current, updated=())  # function may hold ours: a loop)
+            _state = State(True, cfg, st.fallbacks + (current,))
             F.scaled_dot_product_attention = _patched_sdpa
-        _installed = True
-    elif not want and _installed:
+        else:
+            _state = State(True, cfg, st.fallbacks)
+    elif not want and st.installed:
+        fallbacks = st.fallbacks
         if F.scaled_dot_product_attention is _patched_sdpa:  # never undo someone else's later wrapper
-            F.scaled_dot_product_attention = _fallbacks.pop()
+            F.scaled_dot_product_attention = fallbacks[-1]
+            fallbacks = fallbacks[:-1]
         # else: ours stays inside their wrapper, passing every call on
-        _installed = False
+        _state = State(False, OFF, fallbacks)
+    elif cfg != st.config:  # only a change replaces it (a new object fails dynamo's guards: a recompile)
+        _state = State(st.installed, cfg, st.fallbacks)
 
 
 def _make_config(force, min_tokens, options) -> Config:
     if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or min_tokens < 0:
         raise ValueError(f"attention_core patch: min_tokens must be a whole number >= 0, got {min_tokens!r}")
+    if "count_as" in options:
+        raise ValueError("attention_core patch: count_as is the patch's own (its calls count under stats()); "
+                         "leave it out of the options")
     return Config(bool(force), min_tokens, dict(options))
 
 
 def enable(force: bool = False, min_tokens: int = 0, **options) -> None:
     """Patch torch's SDPA. force=True uses the engine on every device; calls whose longer sequence (query or key)
     has fewer than min_tokens tokens keep torch's function; options (tier, memory_budget, precision, ...) are
-    passed to attention_core.scaled_dot_product_attention. Calling it again updates the options."""
-    global _global
+    passed to attention_core.scaled_dot_product_attention. Calling it again updates the options. Waits for a
+    torch.compile trace in progress on another thread (see the module docstring)."""
+    global _global, _last_switch
     cfg = _make_config(force, min_tokens, options)
-    with _lock:
+    by = _caller()
+    with switching():
         _global = cfg
+        _last_switch = ("enable()", by)
         _refresh()
 
 
 def disable(close_blocks: bool = True) -> None:
     """Restore torch's own SDPA now (open patched() blocks are closed too; their exits then change nothing). With
     close_blocks=False only enable()'s hold is dropped: open patched() blocks (other code's, maybe on other threads)
-    keep the patch on until they exit."""
-    global _global
-    with _lock:
+    keep the patch on until they exit. Waits for a torch.compile trace in progress on another thread."""
+    global _global, _last_switch
+    by = _caller()
+    with switching():
         _global = None
+        _last_switch = ("disable()", by)
         if close_blocks:
             _blocks.clear()
         _refresh()
@@ -237,12 +334,12 @@ def patched(force: bool = False, min_tokens: int = 0, **options):
     across threads; a block inside enable() leaves the global patch on when it exits."""
     token = object()
     cfg = _make_config(force, min_tokens, options)
-    with _lock:
+    with switching():
         _blocks.append((token, cfg))
         _refresh()
     try:
         yield
     finally:
-        with _lock:
+        with switching():
             _blocks[:] = [b for b in _blocks if b[0] is not token]
             _refresh()

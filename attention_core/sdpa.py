@@ -19,7 +19,7 @@ __all__ = ["scaled_dot_product_attention", "TIER_CHOICES"]
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False, *, tier="auto", block_q=None, block_kv=None, memory_budget=None,
-                                 precision="auto", flush_to_zero=None, return_lse=False):
+                                 precision="auto", flush_to_zero=None, return_lse=False, count_as=""):
     """torch.nn.functional.scaled_dot_product_attention, computed in tiles with O(N) memory.
 
     Same arguments and result as torch's (math backend; attn_mask may be a tensor or a CausalBias), the same
@@ -34,16 +34,22 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
       flush_to_zero  weights more than e^-20 below the row max become exactly 0 (default: on in half precision)
       return_lse     also return L = log sum_j exp(s_ij) of the scaled, masked scores, [..., H, Lq], float32
                      (float64 for float64 inputs), -inf on rows with no visible key; differentiable: (out, lse)
+      count_as       a key under which the engine counts this call where it runs (attention_core.kernel.counts;
+                     inside torch.compile graphs too): for routers that report their calls; "" counts nothing
     Works under torch.compile(fullgraph=True), torch.func transforms and double backward (see autograd.py).
     """
     memory_budget = check_options(tier, block_q, block_kv, memory_budget, precision, flush_to_zero)
+    if not isinstance(count_as, str):
+        raise TypeError(f"scaled_dot_product_attention: count_as must be a str (a count key, '' for none), got "
+                        f"{type(count_as).__name__}")
     if not isinstance(query, torch.Tensor):
         raise TypeError(f"scaled_dot_product_attention: query must be a tensor, got {type(query).__name__}")
     query, key, value, attn_mask = autocast_inputs(query, key, value, attn_mask)  # as torch's SDPA, before its checks
     p = normalize(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, draw_seed=False)
     seed = torch.randint(0, 2 ** 62, (), dtype=torch.int64) if p.dropout_p > 0 else None
     out5, lse = tiled_attention(p.q5, p.k4, p.v4, p.mask5, seed, p.causal, p.causal_offset, p.scale, p.dropout_p,
-                                tier, block_q, block_kv, memory_budget, precision, flush_to_zero, need_lse=return_lse)
+                                tier, block_q, block_kv, memory_budget, precision, flush_to_zero, need_lse=return_lse,
+                                count_as=count_as)
     out = out5.reshape(p.out_shape)
     if not return_lse:
         return out.squeeze(0) if p.squeeze_2d else out

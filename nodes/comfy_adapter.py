@@ -11,13 +11,16 @@ and wrap q/k/v in `AttentionTensorContainer` (unwrapped by the wrapper before an
 """
 from __future__ import annotations
 
+import itertools
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 
 from ..attention_core import TIER_CHOICES, AttentionMemoryError, detect, scaled_dot_product_attention
+from ..attention_core.kernel import counts
 from ..attention_core.patch import deferred
 
 log = logging.getLogger("tiled_attention")
@@ -33,6 +36,12 @@ HALF_POLICIES = ("keep", "bf16_to_fp16", "fp32")  # saved in workflows: names fi
 # the node's "keep" (the model's dtype; bf16 -> fp16 where there is no bf16 hardware) is the engine's "auto",
 # never the engine's old "keep" (now "input": the input dtype as it is, even on the CPU)
 _PRECISION = {"keep": "auto", "bf16_to_fp16": "fp16", "fp32": "fp32"}
+COUNT_PREFIX = "node:"  # the engine count keys (attention_core.kernel.counts) of the per-model routes
+_count_keys = itertools.count(1)
+
+
+def _new_count_key() -> str:
+    return f"{COUNT_PREFIX}{next(_count_keys)}"
 
 
 @dataclass
@@ -43,10 +52,48 @@ class PatchSettings:
     min_tokens: int = 0
     node: str = "Patch Attention (tiled)"
     devices: tuple = ()  # more than one: heads split over these devices (attention_core.multidevice)
-    stats: dict = field(default_factory=lambda: {"engine": 0, "passthrough": 0})
+    # the engine counts this node's calls under count_key where they run (eager and inside torch.compile graphs);
+    # counted: the calls count() saw in eager code ({"engine": announced, "passthrough": passed on})
+    count_key: str = field(default_factory=_new_count_key, compare=False, repr=False)
+    counted: dict = field(default_factory=lambda: {"engine": 0, "passthrough": 0}, compare=False, repr=False)
 
     def __deepcopy__(self, memo):  # shared across ModelPatcher clones: the settings never change after creation
         return self
+
+    @property
+    def stats(self) -> "CallCounts":
+        """A live read-only mapping {"engine": calls the engine ran for these settings (eager and compiled),
+        "passthrough": calls passed on in eager code (inside a torch.compile graph they are not seen)}."""
+        return CallCounts(self)
+
+    @property
+    def compiled_calls(self) -> int:
+        """How many of stats["engine"] ran inside torch.compile graphs."""
+        return counts.calls(self.count_key)[1]
+
+
+class CallCounts(Mapping):
+    """PatchSettings.stats: read when looked at, so a reference kept while a model runs stays current."""
+    KEYS = ("engine", "passthrough")
+
+    def __init__(self, settings: PatchSettings):
+        self._settings = settings
+
+    def __getitem__(self, what):
+        if what == "engine":
+            return counts.calls(self._settings.count_key)[0]
+        if what == "passthrough":
+            return self._settings.counted["passthrough"]
+        raise KeyError(what)
+
+    def __iter__(self):
+        return iter(self.KEYS)
+
+    def __len__(self):
+        return len(self.KEYS)
+
+    def __repr__(self):
+        return repr(dict(self))
 
 
 def bind_call(args: tuple, kwargs: dict) -> dict:
@@ -137,13 +184,15 @@ def _seq_lens(call: dict):
 
 
 def count(settings: PatchSettings, what: str) -> int:
-    """Count one call in settings.stats[what] and return the new count; inside a torch.compile trace nothing is
-    counted and 0 is returned: reading a Python counter there makes dynamo guard on its value (a recompile per
-    call) and the first-call log would break the graph (fullgraph=True fails), so stats count eager calls only."""
+    """Count one eager call in settings.counted[what] ("engine": announced before run_engine, for the first-call
+    log; "passthrough": passed on, reported in settings.stats) and return the new count; inside a torch.compile
+    trace nothing is counted and 0 is returned: reading a Python counter there makes dynamo guard on its value (a
+    recompile per call) and the first-call log would break the graph (fullgraph=True fails). The engine calls
+    themselves are counted by the engine where they run (run_engine passes settings.count_key), compiled too."""
     if torch.compiler.is_dynamo_compiling():
         return 0
-    settings.stats[what] += 1
-    return settings.stats[what]
+    settings.counted[what] += 1
+    return settings.counted[what]
 
 
 def pass_on(fn, *args, **kwargs):
@@ -188,16 +237,17 @@ def run_engine(settings: PatchSettings, call: dict, kwargs: dict) -> torch.Tenso
         precision = "fp32"  # the model asks for fp32 scores / a full-precision path
     tier = "auto" if settings.mode == "auto" else settings.mode
     budget = settings.memory_budget_mb * (1 << 20) if settings.memory_budget_mb > 0 else None
+    key = counts.traced_key(settings.count_key)  # the engine counts the call where it runs, once
     try:
         if len(settings.devices) > 1:
             from ..attention_core.multidevice import scaled_dot_product_attention_on_devices
             out = scaled_dot_product_attention_on_devices(q, k, v, sdpa_mask(call["mask"]), scale=kwargs.get("scale"),
                                                           enable_gqa=enable_gqa, devices=settings.devices, tier=tier,
-                                                          memory_budget=budget, precision=precision)
+                                                          memory_budget=budget, precision=precision, count_as=key)
         else:
             out = scaled_dot_product_attention(q, k, v, sdpa_mask(call["mask"]), scale=kwargs.get("scale"),
                                                enable_gqa=enable_gqa, tier=tier, memory_budget=budget,
-                                               precision=precision)
+                                               precision=precision, count_as=key)
     except AttentionMemoryError as e:
         raise AttentionMemoryError(
             f"{settings.node}: {e} Node settings: mode={settings.mode}, memory_budget_mb="

@@ -14,6 +14,12 @@ was there.
 A call that carries a per-model override (Patch Attention) never reaches the cell: ComfyUI's wrapper hands it to the
 override, which wins. The override's own pass-through calls reach the route inside attention_core.patch.deferred()
 and go to ComfyUI's function untouched, so no call is routed twice and the node's settings win for its model.
+
+Switching is safe while other threads call attention or compile: a route reads the patch's Config once per call (a
+switch replaces it whole), route() and unroute() swap each cell in one store and run under
+attention_core.patch.switching() (torch.compile's lock, then the patch's: they wait for a trace in progress), and a
+call that already holds a route finishes on it. Engine calls are counted by the engine where they run (compiled
+graphs too) under patch.count_key(PATH); passed and deferred calls in eager code (patch.record).
 """
 from __future__ import annotations
 
@@ -46,7 +52,7 @@ class GlobalAttentionRoute:
         self.__name__ = getattr(inner, "__name__", name)  # ComfyUI and other packs log the function's name
 
     def __call__(self, *args, **kwargs):
-        cfg = patch.config()
+        cfg = patch.config()  # once: the options in force for this call, whatever another thread switches meanwhile
         if cfg is None:
             return self.inner(*args, **kwargs)
         if not torch.compiler.is_dynamo_compiling() and patch.is_deferred():
@@ -61,14 +67,14 @@ class GlobalAttentionRoute:
                 or not wants_engine(settings, call["q"], *_seq_lens(call)):
             patch.record(PATH, "passed")
             return self.inner(*args, **kwargs)
-        patch.record(PATH, "routed")
-        return run_engine(settings, call, kwargs)
+        return run_engine(settings, call, kwargs)  # counted by the engine under settings.count_key
 
 
 def settings_for(cfg) -> PatchSettings:
-    """The Patch Attention settings that the process-wide mode's Config stands for."""
+    """The Patch Attention settings that the process-wide mode's Config stands for; its engine calls count in
+    patch.stats() as PATH's routed calls."""
     return PatchSettings(mode="auto" if not cfg.force else cfg.options.get("tier", "chunked"),
-                         min_tokens=cfg.min_tokens, node=NODE)
+                         min_tokens=cfg.min_tokens, node=NODE, count_key=patch.COUNT_PREFIX + PATH)
 
 
 def _wrap_attn_wrapper(fn, attention):
@@ -100,7 +106,7 @@ def _wrappers():
 
 def route() -> list:
     """Put a route in each wrapper's cell (idempotent). Returns the attribute names routed."""
-    with _lock:
+    with patch.switching(), _lock:
         names = []
         for name, _, cell in _wrappers():
             current = cell.cell_contents
@@ -115,7 +121,7 @@ def route() -> list:
 def unroute() -> int:
     """Give each wrapper back what its cell held before route() (what is inside our route now: the original, or a
     wrapper another tool put around it since). Returns the number of cells restored."""
-    with _lock:
+    with patch.switching(), _lock:
         n = 0
         while _routes:
             cell, r = _routes.pop()

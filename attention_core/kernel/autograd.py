@@ -1,8 +1,10 @@
 """The differentiable boundary: the engine as torch custom ops, tied together by one autograd.Function.
 
-    tiled_attention::fwd (q5, k4, v4, mask5, seed, config...) -> (O5, L, row max)
+    tiled_attention::fwd (q5, k4, v4, mask5, seed, config..., need_stats, count_as="") -> (O5, L, row max)
     tiled_attention::bwd (dO5, dL, q5, k4, v4, mask5, O5, L, row max, seed, config...) -> (dq5, dk4, dv4, dmask5)
 
+(the namespace is "tiled_attention" for the first copy of the engine in a process, see _namespace). fwd's
+implementation counts the call under `count_as` (counts.py), so callers' counts hold inside compiled graphs too.
 Tensors are in problem.py's canonical layout; everything else is a schema type (bool, int, float, str, None), so
 torch.compile(fullgraph=True) traces through the call and tile planning (free memory, data-dependent bounds)
 happens inside the op (fake rules give the shapes). Both ops have vmap rules (the vmapped dim folded into the
@@ -16,12 +18,12 @@ does. Dynamo cannot trace a Function that defines jvp, so a call that torch.comp
 not trace (other backends inside torch.func, dual tensors as inputs) run eagerly with the tiled rule.
 """
 
-import re
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
+from . import counts
 from .numerics import dropout_keep, stats_dtype
 from .ops import backward_canonical, forward_canonical
 from .problem import AttentionProblem
@@ -30,10 +32,25 @@ from .tangents import attention_jvp, compiled_transform_needs_plain_ops, forward
 
 
 def _namespace() -> str:
-    """Op namespace: "tiled_attention" for the `attention_core` package; a copy imported under another name (the
-    ComfyUI node folder imports it as <folder>.attention_core) gets its own, so two copies never collide."""
-    pkg = __name__.rsplit(".", 2)[0]  # <pkg>.kernel.autograd -> <pkg>
-    return "tiled_attention" if pkg == "attention_core" else "tiled_attention_" + re.sub(r"\W", "_", pkg)
+    """Op namespace: "tiled_attention" for the first copy of the engine in the process, whatever its package is
+    named (the pip package `attention_core`, or the ComfyUI pack's copy, which ComfyUI imports under a name made
+    from its install path); a second copy (both imported in one process) gets "tiled_attention_2", a third
+    "tiled_attention_3", ..., so two copies never collide and no name carries a path."""
+    n = 1
+    while True:
+        ns = "tiled_attention" if n == 1 else f"tiled_attention_{n}"
+        if not _op_exists(ns):
+            return ns
+        n += 1
+
+
+def _op_exists(ns: str) -> bool:
+    """Whether an operator `ns`::fwd is registered in this process (by another copy of the engine)."""
+    try:
+        getattr(getattr(torch.ops, ns), "fwd")
+    except (AttributeError, RuntimeError):
+        return False
+    return True
 
 
 NS = _namespace()
@@ -43,7 +60,9 @@ NS = _namespace()
 def attention_fwd(q5: Tensor, k4: Tensor, v4: Tensor, mask5: Optional[Tensor], seed: Optional[Tensor],
                   causal: bool, causal_offset: int, scale: float, dropout_p: float, tier: str,
                   block_q: Optional[int], block_kv: Optional[int], memory_budget: Optional[int], precision: str,
-                  flush_to_zero: Optional[bool], need_stats: bool) -> Tuple[Tensor, Tensor, Tensor]:
+                  flush_to_zero: Optional[bool], need_stats: bool,
+                  count_as: str = "") -> Tuple[Tensor, Tensor, Tensor]:
+    counts.add(count_as)  # here, not in the caller: this runs in eager calls and in every run of a compiled graph
     s = int(seed.item()) if seed is not None else 0
     return forward_canonical(q5, k4, v4, mask5, s, causal, causal_offset, scale, dropout_p, tier, block_q,
                              block_kv, memory_budget, precision, flush_to_zero, need_stats)
@@ -51,7 +70,7 @@ def attention_fwd(q5: Tensor, k4: Tensor, v4: Tensor, mask5: Optional[Tensor], s
 
 @attention_fwd.register_fake
 def _attention_fwd_fake(q5, k4, v4, mask5, seed, causal, causal_offset, scale, dropout_p, tier, block_q, block_kv,
-                        memory_budget, precision, flush_to_zero, need_stats):
+                        memory_budget, precision, flush_to_zero, need_stats, count_as=""):
     B, H, G, Lq, _ = q5.shape
     st = stats_dtype(q5.dtype)
     stats = (B, H, G, Lq) if need_stats else (0,)
@@ -86,13 +105,13 @@ class TiledAttention(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(q5, k4, v4, mask5, seed, *config):
-        out5, lse, rowmax = attention_fwd(q5, k4, v4, mask5, seed, *config, True)
+    def forward(q5, k4, v4, mask5, seed, count_as, *config):
+        out5, lse, rowmax = attention_fwd(q5, k4, v4, mask5, seed, *config, True, count_as)
         return out5, lse, rowmax
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        q5, k4, v4, mask5, seed, *config = inputs
+        q5, k4, v4, mask5, seed, _count_as, *config = inputs
         out5, lse, rowmax = output
         ctx.save_for_backward(q5, k4, v4, mask5, seed, out5, lse, rowmax)
         ctx.config = tuple(config)  # causal, causal_offset, scale, dropout_p, then the engine options
@@ -110,7 +129,7 @@ class TiledAttention(torch.autograd.Function):
         else:
             dq, dk, dv, dm = attention_bwd(dout5, dlse, q5, k4, v4, mask5, out5, lse, rowmax, seed,
                                                            causal, causal_offset, scale, dropout_p, need_dmask, *opts)
-        return (dq, dk, dv, dm if need_dmask else None) + (None,) * (1 + len(ctx.config))
+        return (dq, dk, dv, dm if need_dmask else None) + (None,) * (2 + len(ctx.config))  # seed, count_as, config
 
 
 class TiledAttentionForwardAD(TiledAttention):
@@ -128,7 +147,7 @@ class TiledAttentionForwardAD(TiledAttention):
         ctx.save_for_forward(q5, k4, v4, mask5, seed, out5, lse, rowmax)
 
     @staticmethod
-    def jvp(ctx, dq5, dk4, dv4, dmask5, _dseed, *_dconfig):
+    def jvp(ctx, dq5, dk4, dv4, dmask5, _dseed, _dcount_as, *_dconfig):
         """Forward mode (torch.autograd.forward_ad, torch.func.jvp / jacfwd): tangents of (O5, L), tiled
         (tangents.py); the row max gets a zero tangent (it only steers flush-to-zero)."""
         q5, k4, v4, mask5, seed, out5, lse, _rowmax = ctx.saved_tensors
@@ -140,21 +159,26 @@ class TiledAttentionForwardAD(TiledAttention):
         return d_out, d_lse, torch.zeros_like(lse)
 
 
-def tiled_attention(q5, k4, v4, mask5, seed, *config, need_lse: bool = True):
+def tiled_attention(q5, k4, v4, mask5, seed, *config, need_lse: bool = True, count_as: str = ""):
     """(O5, L): the differentiable engine call in the canonical layout (config as tiled_attention::fwd, less
-    need_stats). Without grads and need_lse=False, L is not computed (an empty tensor). While torch.compile traces
+    need_stats and count_as). Without grads and need_lse=False, L is not computed (an empty tensor). The op counts
+    the call under count_as (counts.py; the plain-ops path below runs no op and counts nothing). While dynamo traces
     under forward-mode AD (a torch.func jvp transform around the compiled code, or an open forward_ad dual level)
     the call is traced as plain_attention: dynamo cannot trace the autograd.Function's forward-mode rule, and the
     custom op alone would carry no tangent."""
-    if torch.compiler.is_compiling() and (forward_mode_possible() or compiled_transform_needs_plain_ops()):
+    # the question is whether dynamo traces this call on this thread: torch.compiler.is_compiling() answers True on
+    # every thread of torch 2.14 while any thread compiles (and during torch.export), which sent eager calls under
+    # forward-mode AD to the O(Lq * Lk) plain ops; make_fx / AOT tracing runs this Python eagerly, where the
+    # Function's forward-mode rule works
+    if torch.compiler.is_dynamo_compiling() and (forward_mode_possible() or compiled_transform_needs_plain_ops()):
         causal, causal_offset, scale, dropout_p = config[:4]
         return plain_attention(q5, k4, v4, mask5, seed, causal, causal_offset, scale, dropout_p)
     if forward_mode_active((q5, k4, v4, mask5)):
-        out5, lse, _ = TiledAttentionForwardAD.apply(q5, k4, v4, mask5, seed, *config)
+        out5, lse, _ = TiledAttentionForwardAD.apply(q5, k4, v4, mask5, seed, count_as, *config)
     elif torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q5, k4, v4, mask5)):
-        out5, lse, _ = TiledAttention.apply(q5, k4, v4, mask5, seed, *config)
+        out5, lse, _ = TiledAttention.apply(q5, k4, v4, mask5, seed, count_as, *config)
     else:  # nothing to differentiate: the op alone (torch.compile cannot trace a Function without grads)
-        out5, lse, _ = attention_fwd(q5, k4, v4, mask5, seed, *config, need_lse)
+        out5, lse, _ = attention_fwd(q5, k4, v4, mask5, seed, *config, need_lse, count_as)
     return out5, lse
 
 
@@ -260,6 +284,11 @@ def _fold_mask(mask5, d, n, B, per_sample: bool):
     return _fold(m.expand(n, B, *m.shape[2:]) if m.shape[1] != B else m)
 
 
+# where need_stats is in the arguments after the seed (causal ... flush_to_zero, need_stats[, count_as]: torch leaves a
+# trailing argument equal to its default out of what a kernel receives, so count_as "" may be missing)
+_NEED_STATS = 10
+
+
 def _fwd_vmap(info, in_dims, q5, k4, v4, mask5, seed, *config):
     n = info.batch_size
     if in_dims[4] is not None:
@@ -268,7 +297,7 @@ def _fwd_vmap(info, in_dims, q5, k4, v4, mask5, seed, *config):
     q, k, v = (_fold(_batched(t, d, n)) for t, d in zip((q5, k4, v4), in_dims[:3]))
     m = _fold_mask(mask5, in_dims[3], n, B, False)
     out, lse, rowmax = attention_fwd(q, k, v, m, seed, *config)
-    if not config[-1]:  # need_stats=False: L and the row max are empty
+    if not config[_NEED_STATS]:  # need_stats=False: L and the row max are empty
         return (out.view(n, B, *out.shape[1:]), lse, rowmax), (0, None, None)
     return tuple(t.view(n, B, *t.shape[1:]) for t in (out, lse, rowmax)), (0, 0, 0)
 

@@ -30,8 +30,9 @@ def forward_mode_active(tensors) -> bool:
     """True when forward-mode AD sees these tensors: a torch.func.jvp / jacfwd / hessian transform is active, or
     one of them is a dual tensor of torch.autograd.forward_ad. While torch.compile traces (this function may be
     traced as a frame of its own, called from code that runs eagerly inside a compiled region) the answer is
-    forward_mode_possible(): the traced tensors cannot tell whether they carry a tangent."""
-    if torch.compiler.is_compiling():
+    forward_mode_possible(): the traced tensors cannot tell whether they carry a tangent. (Dynamo's trace on this
+    thread, not torch.compiler.is_compiling(), which on torch 2.14 answers True on every thread while any compiles.)"""
+    if torch.compiler.is_dynamo_compiling():
         return forward_mode_possible()
     if _jvp_transform_active():
         return True

@@ -49,7 +49,8 @@ def standin(pack):
 
 
 def stats(path):
-    return mod("attention_core.patch").stats().get(path, {"routed": 0, "passed": 0, "deferred": 0, "total": 0})
+    return mod("attention_core.patch").stats().get(path, {"routed": 0, "passed": 0, "deferred": 0, "total": 0,
+                                                          "compiled": 0})
 
 
 def report(what, routed, total):
@@ -80,7 +81,7 @@ def test_environment_variable_values(ew):
 
 
 def test_environment_applies_once_at_load_and_start_line_shows_it(pack, ew, monkeypatch, caplog):
-    monkeypatch.setitem(ew._state, "env_applied", False)
+    monkeypatch.setattr(ew, "_env_applied", False)
     monkeypatch.setenv(ew.ENV, "online")
     caplog.set_level("INFO", logger="tiled_attention")
     asyncio.run(pack.comfy_entrypoint())  # what ComfyUI's loader calls once at start
@@ -91,7 +92,7 @@ def test_environment_applies_once_at_load_and_start_line_shows_it(pack, ew, monk
     asyncio.run(pack.comfy_entrypoint())  # a second load changes nothing
     assert ew.state()["mode"] == "online"
     ew.set_mode("off")
-    monkeypatch.setitem(ew._state, "env_applied", False)
+    monkeypatch.setattr(ew, "_env_applied", False)
     monkeypatch.setenv(ew.ENV, "yes")
     caplog.clear()
     asyncio.run(pack.comfy_entrypoint())
@@ -150,7 +151,7 @@ def test_auto_leaves_devices_with_fused_attention_alone(ew, standin, monkeypatch
     monkeypatch.setenv("TILED_ATTENTION", "off")
     ew.set_mode("auto", 0)
     _, calls = standin.run_diffusers_wan(3, 2, 8, 8)
-    assert stats("torch_sdpa") == {"routed": 0, "passed": calls, "deferred": 0, "total": calls}
+    assert stats("torch_sdpa") == {"routed": 0, "passed": calls, "deferred": 0, "total": calls, "compiled": 0}
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
@@ -237,7 +238,7 @@ def test_wrapper_compile_option_under_the_mode(ew, standin, compile_):
 def test_min_tokens_floor_and_inputs_torch_keeps(ew, standin):
     ew.set_mode("chunked", 65)  # the longer sequence of every call is 64 tokens
     standin.run_wrapper_model(1, 64, "sdpa", torch.float32)
-    assert stats("torch_sdpa") == {"routed": 0, "passed": 4, "deferred": 0, "total": 4}
+    assert stats("torch_sdpa") == {"routed": 0, "passed": 4, "deferred": 0, "total": 4, "compiled": 0}
     ew.set_mode("chunked", 64)
     standin.run_wrapper_model(1, 64, "sdpa", torch.float32)
     assert stats("torch_sdpa")["routed"] == 4
@@ -286,9 +287,10 @@ def test_attention_memory_is_linear_in_tokens(ew, standin, monkeypatch):
     LiveBytes sees its tiles."""
     autograd = mod("attention_core.kernel.autograd")
 
-    def fwd_visible(*args):
+    def fwd_visible(*args):  # the op's arguments, ending with need_stats and count_as
         seed = args[4]
-        return autograd.forward_canonical(*args[:4], int(seed.item()) if seed is not None else 0, *args[5:])
+        mod("attention_core.kernel.counts").add(args[16])
+        return autograd.forward_canonical(*args[:4], int(seed.item()) if seed is not None else 0, *args[5:16])
     monkeypatch.setattr(autograd, "attention_fwd", fwd_visible)
 
     def peak(frames):

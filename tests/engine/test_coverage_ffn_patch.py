@@ -413,7 +413,7 @@ def torch_sdpa(monkeypatch):
     wrapper attributes, F.scaled_dot_product_attention) is put back after it, whatever another library's stand-in
     did to it."""
     original = F.scaled_dot_product_attention
-    monkeypatch.setattr(patch_mod, "_fallbacks", [])
+    monkeypatch.setattr(patch_mod, "_state", patch_mod.State(False, patch_mod.OFF, ()))
     saved = dict(patch_mod._patched_sdpa.__dict__)
     yield original
     attention_core.disable()
@@ -444,14 +444,15 @@ def test_a_torch_without_causal_bias_routes_plain_masks(monkeypatch, patch_resto
 def test_calls_inside_a_trace_are_not_counted(patch_restored, monkeypatch):
     """patch.py 98: nothing is counted while torch.compile traces (a counter read in the graph would be a guard)."""
     patch_mod.reset_stats()
-    patch_mod.record(patch_mod.SDPA_PATH, "routed")
-    assert patch_mod.stats() == {patch_mod.SDPA_PATH: {"routed": 1, "passed": 0, "deferred": 0, "total": 1}}
+    patch_mod.record(patch_mod.SDPA_PATH, "passed")
+    assert patch_mod.stats() == {patch_mod.SDPA_PATH: {"routed": 0, "passed": 1, "deferred": 0, "total": 1,
+                                                       "compiled": 0}}
     patch_mod.reset_stats()
     monkeypatch.setattr(torch.compiler, "is_dynamo_compiling", lambda: True)
     q, k, v = _qkv()
     with attention_core.patched(force=False, min_tokens=10**6):
         out = F.scaled_dot_product_attention(q, k, v)
-        patch_mod.record(patch_mod.SDPA_PATH, "routed")
+        patch_mod.record(patch_mod.SDPA_PATH, "deferred")
     assert patch_mod.stats() == {}
     assert (out - math_sdpa(q, k, v)).abs().max() < 1e-12
 
@@ -470,7 +471,7 @@ def test_a_traced_pass_through_goes_to_the_latest_function_under_ours(monkeypatc
     attention_core.disable()  # ...so ours stays under it, switched off
     assert F.scaled_dot_product_attention is theirs
     attention_core.enable(min_tokens=10**6)  # ours goes over theirs
-    assert patch_mod._fallbacks == [torch_sdpa, theirs]
+    assert patch_mod._state.fallbacks == (torch_sdpa, theirs)
     with monkeypatch.context() as mp:
         mp.setattr(torch.compiler, "is_dynamo_compiling", lambda: True)
         out = F.scaled_dot_product_attention(q, k, v)
@@ -583,7 +584,8 @@ def test_a_traced_pass_through_that_raises_leaves_no_count(monkeypatch, torch_sd
     monkeypatch.setattr(patch_mod, "TRACED_STORES_SEEN", True)
     q = torch.randn(1, 2, 8, 4)
     attention_core.enable(min_tokens=10**6)
-    patch_mod._fallbacks[0] = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("theirs failed"))
+    failing = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("theirs failed"))  # noqa: E731
+    patch_mod._state = patch_mod._state._replace(fallbacks=(failing,) + patch_mod._state.fallbacks[1:])
     with monkeypatch.context() as mp:
         mp.setattr(torch.compiler, "is_dynamo_compiling", lambda: True)
         with pytest.raises(RuntimeError, match="theirs failed"):

@@ -55,7 +55,7 @@ def test_compiled_call_under_forward_mode_is_traced_as_plain_attention(monkeypat
         return real(*args)
 
     monkeypatch.setattr(autograd, "plain_attention", spy)
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    monkeypatch.setattr(torch.compiler, "is_dynamo_compiling", lambda: True)
     q5, k4, v4 = _canonical()
     config = (True, 2, 0.5, 0.0, "auto", None, None, None, "auto", None)
     with fwAD.dual_level():
@@ -71,10 +71,10 @@ def test_compiled_call_under_forward_mode_is_traced_as_plain_attention(monkeypat
     with fwAD.dual_level():
         out_d, _ = autograd.tiled_attention(q5, k4, v4, None, seed, True, 2, 0.5, 0.25, *config[4:])
     assert calls == [(True, 2, 0.5, 0.25)]
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
+    monkeypatch.setattr(torch.compiler, "is_dynamo_compiling", lambda: False)
     tiled, _, _ = autograd.attention_fwd(q5, k4, v4, None, seed, True, 2, 0.5, 0.25, *config[4:], True)
     torch.testing.assert_close(out_d, tiled, rtol=1e-10, atol=1e-10)
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    monkeypatch.setattr(torch.compiler, "is_dynamo_compiling", lambda: True)
     calls.clear()
     autograd.tiled_attention(q5, k4, v4, None, None, *config)  # compiling, but no forward mode possible
     assert calls == []
@@ -300,7 +300,7 @@ def test_forward_mode_active_while_compiling_is_whether_forward_mode_is_possible
     x = torch.zeros(2)
     with fwAD.dual_level():
         assert forward_mode_active((x,)) is False  # eager: x carries no tangent
-        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+        monkeypatch.setattr(torch.compiler, "is_dynamo_compiling", lambda: True)
         assert forward_mode_active((x,)) is True
     assert forward_mode_active((x,)) is False
 

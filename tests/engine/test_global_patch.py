@@ -234,7 +234,7 @@ def test_min_tokens_floor_counts_and_config(engine_calls_counter):
     assert not engine_calls_counter
     F.scaled_dot_product_attention(q, k_long, k_long)  # 16 keys: the engine's
     assert len(engine_calls_counter) == 1
-    assert patch_mod.stats()["torch_sdpa"] == {"routed": 1, "passed": 1, "deferred": 0, "total": 2}
+    assert patch_mod.stats()["torch_sdpa"] == {"routed": 1, "passed": 1, "deferred": 0, "total": 2, "compiled": 0}
     with pytest.raises(ValueError, match="min_tokens must be a whole number >= 0"):
         attention_core.enable(force=True, min_tokens=-1)
     attention_core.disable()
@@ -260,7 +260,7 @@ def test_deferred_calls_go_to_torch_on_that_thread_only(engine_calls_counter):
         t.join()
     assert not patch_mod.is_deferred()
     assert torch.equal(out, TORCH_SDPA(q, q, q)) and len(engine_calls_counter) == 1  # the thread's call only
-    assert patch_mod.stats()["torch_sdpa"] == {"routed": 1, "passed": 0, "deferred": 1, "total": 2}
+    assert patch_mod.stats()["torch_sdpa"] == {"routed": 1, "passed": 0, "deferred": 1, "total": 2, "compiled": 0}
 
 
 def test_switched_off_inside_another_wrapper_and_on_again_never_recurses():

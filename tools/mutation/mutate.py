@@ -87,19 +87,25 @@ NODES, ROUTING, CLONES, FIT = C + "test_comfy_nodes.py", C + "test_attention_rou
 COMPILE = C + "test_compile_fullgraph.py"
 EVERYWHERE = C + "test_everywhere_inprocess.py"  # the process-wide mode (Tiled Attention Everywhere)
 AUTOCAST = C + "test_autocast_routes.py"  # every route under torch.autocast
+# its state lines, switching while other threads run or compile, counts under torch.compile
+EVERYWHERE_MORE = [C + "test_everywhere_state.py", C + "test_everywhere_concurrency.py",
+                   C + "test_everywhere_counts.py"]
 SCHEMAS = C + "test_node_schemas.py"  # every node's widgets against the snapshot (seconds)
 NOTICE = C + "test_override_notice.py"  # a later node replacing Patch Attention's override; the heads error's route
 NODE_TESTS = [NODES, ROUTING, CLONES, FIT, EVERYWHERE, SCHEMAS, ADAPTER_KILLS]
 BY_FILE = [
     # the forward-mode Function and plain_attention (what torch.compile traces under forward-mode AD) are tested
     # by test_forward_ad.py only
-    ("attention_core/kernel/autograd.py", GRADS + [E + "test_forward_ad.py", E + "test_coverage_kernel.py"]),
+    ("attention_core/kernel/autograd.py", GRADS + [E + "test_forward_ad.py", E + "test_coverage_kernel.py",
+                                                   E + "test_compiled_counts.py", E + "test_op_namespace.py",
+                                                   E + "test_other_thread_compiling.py"]),
     ("attention_core/kernel/tiers/backward.py", GRADS + [E + "test_tile_defaults.py"]),  # its peak memory
     ("attention_core/kernel/memory.py", [E + "test_sdpa_memory.py", E + "test_memory_estimates.py",
                                          E + "test_coverage_kernel.py", KILLS]),
     ("attention_core/kernel/oom.py", [E + "test_sdpa_memory.py", KILLS]),
     ("attention_core/device/detection.py", [E + "test_detection.py", E + "test_coverage_cli_device.py", KILLS]),
-    ("attention_core/patch.py", [E + "test_global_patch.py", E + "test_coverage_ffn_patch.py", KILLS]),
+    ("attention_core/patch.py", [E + "test_global_patch.py", E + "test_coverage_ffn_patch.py", KILLS,
+                                 E + "test_patch_concurrency.py", E + "test_compiled_counts.py"]),
     ("attention_core/ffn/", [E + "test_ffn_chunking.py", E + "test_ffn_compile.py", E + "test_coverage_ffn_patch.py",
                              KILLS, FRESH_KILLS]),
     ("attention_core/parallel.py", [E + "test_parallel.py", E + "test_parallel_kv_copies.py", E + "test_autocast.py"]),
@@ -110,14 +116,15 @@ BY_FILE = [
     ("nodes/attention.py", [NODES, ROUTING, CLONES, NOTICE, ADAPTER_KILLS, SCHEMAS]),  # Patch Attention (MODEL, CLIP, VAE)
     ("nodes/backend_registry.py", [NODES, ROUTING, ADAPTER_KILLS]),
     ("nodes/clones.py", [CLONES, NODES, ROUTING, ADAPTER_KILLS]),
-    ("nodes/comfy_adapter.py", [NODES, ROUTING, CLONES, EVERYWHERE, NOTICE, AUTOCAST, COMPILE, ADAPTER_KILLS]),
-    ("nodes/comfy_global_route.py", [EVERYWHERE, AUTOCAST, NODES, ADAPTER_KILLS]),  # ComfyUI's global attention in the process-wide mode
+    ("nodes/comfy_adapter.py", [NODES, ROUTING, CLONES, EVERYWHERE, NOTICE, AUTOCAST, COMPILE, ADAPTER_KILLS,
+                                C + "test_everywhere_counts.py"]),
+    ("nodes/comfy_global_route.py", [EVERYWHERE, AUTOCAST, NODES, ADAPTER_KILLS] + EVERYWHERE_MORE),  # ComfyUI's global attention in the process-wide mode
     ("nodes/connector_route.py", [ROUTING, CLONES, NODES, ADAPTER_KILLS]),  # LTX-2.3's text connectors
-    ("nodes/everywhere.py", [EVERYWHERE, NODES, ADAPTER_KILLS]),  # the process-wide mode: environment variable, state
-    ("nodes/everywhere_node.py", [EVERYWHERE, NODES, SCHEMAS]),  # Tiled Attention Everywhere
+    ("nodes/everywhere.py", [EVERYWHERE, NODES, ADAPTER_KILLS] + EVERYWHERE_MORE),  # the process-wide mode: environment variable, state
+    ("nodes/everywhere_node.py", [EVERYWHERE, NODES, SCHEMAS, C + "test_everywhere_state.py"]),  # Tiled Attention Everywhere
     ("nodes/ffn.py", [NODES, CLONES, COMPILE, SCHEMAS, ADAPTER_KILLS]),  # FFN Chunking
     ("nodes/fit.py", [FIT, NODES, SCHEMAS]),  # Attention Fit
-    ("nodes/info.py", [NODES, EVERYWHERE, NOTICE, SCHEMAS, ADAPTER_KILLS]),  # Attention Info, the start line
+    ("nodes/info.py", [NODES, EVERYWHERE, NOTICE, SCHEMAS, ADAPTER_KILLS, C + "test_everywhere_state.py"]),  # Attention Info, the start line
     ("nodes/object_routes.py", [ROUTING, CLONES, NODES]),
     ("nodes/override_notice.py", [NOTICE, NODES]),  # the check a Patch Attention clone runs when sampling starts
     ("nodes/text_encoder_route.py", [ROUTING, CLONES, NODES, AUTOCAST, ADAPTER_KILLS]),
@@ -395,11 +402,11 @@ EQUIVALENT += [
        '"efficient": lambda q: aten._scaled_dot_product_efficient_attention(q, q, q, None, True)[0]}',
        "the probe only asks whether the kernel runs; compute_log_sumexp adds an output and [0] is the attention "
        "output either way (GPU-only code)")
-] + [("attention_core/patch.py::_refresh", "_config = Config(False, 0, {})", f"_config = Config({m})",
-       "_refresh sets this default only when nothing asks for the patch, and removes the patch in the same call; "
-       "_patched_sdpa and config() return before `force` or `min_tokens` is used whenever the patch is not "
-       "installed (only a call on another thread racing the last block's exit, between the two assignments, could "
-       "see it)") for m in ("True, 0, {}", "False, 1, {}", "False, -1, {}")
+] + [("attention_core/patch.py::<module>", "OFF = Config(False, 0, {})", f"OFF = Config({m})",
+       "OFF is the Config of a State that is not installed (at import, and when _refresh removes the patch); "
+       "_patched_sdpa and config() never use a State's Config unless it is installed, and _refresh compares OFF "
+       "only with itself, so its force and min_tokens are never read") for m in ("True, 0, {}", "False, 1, {}",
+                                                                              "False, -1, {}")
 ] + [("attention_core/tune.py::engine_tile", 'shrink_kv=tier == "online", head_dim=dim)',
        'shrink_kv=tier >= "online", head_dim=dim)',
        "the tiers are chunked, inplace and online, and only \"online\" sorts at or after \"online\"")
