@@ -126,11 +126,12 @@ def _line_events(fn, files, at=None, switch=None):
                 sys.settrace(None)
             seen[0] += 1
         return local
+    previous_trace = sys.gettrace()  # coverage.py's tracer under ./dev mutate: put back after
     sys.settrace(lambda frame, event, arg: local if frame.f_code.co_filename in files else None)
     try:
         return fn(), seen[0]
     finally:
-        sys.settrace(None)
+        sys.settrace(previous_trace)
 
 
 def test_one_switch_of_each_kind_at_each_line_of_the_routes(pack, ew, calls):
@@ -181,11 +182,12 @@ def test_a_switch_at_every_line_of_the_routes_never_breaks_a_call(pack, ew, call
                 if event == "line":
                     switch()
                 return local
+            previous_trace = sys.gettrace()  # coverage.py's tracer under ./dev mutate: put back after
             sys.settrace(lambda frame, event, arg: local if frame.f_code.co_filename in files else None)
             try:
                 out = comfy() if which == "comfy" else sdpa(held)
             finally:
-                sys.settrace(None)
+                sys.settrace(previous_trace)
             ew.set_mode("off")
             mod("attention_core").disable()
             assert _close(out, ref_comfy if which == "comfy" else ref_sdpa), (start, which)

@@ -132,11 +132,12 @@ def test_a_report_never_sees_the_pack_half_switched(pack, ew):
                 raise AssertionError("a reader neither finished nor waits for this thread's switch")
         return local
     for mode in ("chunked", "online", "off"):
+        previous_trace = sys.gettrace()  # coverage.py's tracer under ./dev mutate: put back after
         sys.settrace(lambda frame, event, arg: local if frame.f_code.co_filename in files else None)
         try:
             everywhere.set_mode(mode, 0)
         finally:
-            sys.settrace(None)
+            sys.settrace(previous_trace)
     for t in readers:
         t.join(300)
     assert not any(t.is_alive() for t in readers)

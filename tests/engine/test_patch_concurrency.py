@@ -92,11 +92,12 @@ def switching_at_every_line(switch, files):
 
     def tracer(frame, event, arg):
         return local if frame.f_code.co_filename in files else None
+    previous_trace = sys.gettrace()  # coverage.py's tracer under ./dev mutate: put back after
     sys.settrace(tracer)
     try:
         yield
     finally:
-        sys.settrace(None)
+        sys.settrace(previous_trace)
 
 
 @pytest.mark.parametrize("start_on", ["passing", "routing", "block"])
@@ -146,11 +147,12 @@ def _line_events(fn, at=None, switch=None):
                 sys.settrace(None)
             seen[0] += 1
         return local
+    previous_trace = sys.gettrace()  # coverage.py's tracer under ./dev mutate: put back after
     sys.settrace(lambda frame, event, arg: local if frame.f_code.co_filename == patch_mod.__file__ else None)
     try:
         return fn(), seen[0]
     finally:
-        sys.settrace(None)
+        sys.settrace(previous_trace)
 
 
 @pytest.mark.parametrize("start_on", ["passing", "routing", "block", "deferred"])
