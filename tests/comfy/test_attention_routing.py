@@ -129,6 +129,31 @@ def test_vae_every_call_through_the_pack_and_gone_after(vae, node, counts):
     assert torch.equal(again, ref)
 
 
+def test_vae_min_tokens_and_off_after_chunked_give_comfys_attention_back(vae, node, counts):
+    """Patch Attention (VAE) with min_tokens above the VAE's tokens passes every call to ComfyUI; the same node with
+    mode off after a chunked one removes the routes (ComfyUI's attention, the same frames bit for bit), while the
+    chunked copy it was given keeps routing."""
+    latent = torch.randn(1, 48, 2, 4, 4, generator=torch.Generator().manual_seed(1))
+    counts.reset()
+    ref = decode(vae, latent)
+    before = counts.total
+    passing = node("TiledAttentionPatchVAE", vae, "chunked", 0, "keep", 10 ** 6)
+    counts.reset()
+    assert torch.equal(decode(passing, latent), ref)
+    assert counts.total == before and stats_of(passing.patcher) == {"engine": 0, "passthrough": before}
+    chunked = node("TiledAttentionPatchVAE", vae, "chunked", 0, "keep", 0)
+    off = node("TiledAttentionPatchVAE", chunked, "off", 0, "keep", 0)
+    assert off is not chunked and off.patcher is not chunked.patcher
+    assert not any(hasattr(p, "inner") for p in off.patcher.object_patches.values()), off.patcher.object_patches
+    assert any(hasattr(p, "inner") for p in chunked.patcher.object_patches.values())
+    counts.reset()
+    assert torch.equal(decode(off, latent), ref)
+    assert counts.total == before, counts.by_function  # every call is ComfyUI's again
+    counts.reset()
+    decode(chunked, latent)
+    assert counts.total == 0 and stats_of(chunked.patcher)["engine"] == before
+
+
 def test_vae_route_matches_comfy_attention_on_its_shapes(vae, node):
     """The block-level function on [B, C, T, H, W]-style inputs (the decode above may saturate)."""
     patched = node("TiledAttentionPatchVAE", vae, "online", 0, "keep", 0)
