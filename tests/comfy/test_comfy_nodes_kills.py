@@ -395,3 +395,25 @@ def test_a_feed_forward_name_without_linear_layers_is_not_chunked(adapter):
                                                                   torch.nn.Linear(8, 4))),
                                         Block(torch.nn.GELU()), Block(torch.nn.Identity())])
     assert ffn.find_ffn_modules(model) == ["blocks.0.ffn"]
+
+
+# ------------------------------------------- the survivors of a seeded nodes sample (424242, before the fresh draw)
+@pytest.mark.parametrize("q_tokens, k_tokens", [(5, 9), (11, 4)])
+def test_the_heads_error_asks_for_min_tokens_above_the_longer_sequence(adapter, q_tokens, k_tokens):
+    """The heads error tells the user the min_tokens that keeps such calls with ComfyUI: one more than the longer
+    of the query's and the key's token counts (axis -2 of [batch, tokens, width]), whichever is longer."""
+    fn = adapter.make_override(adapter.PatchSettings(mode="chunked"))
+    q, k = torch.randn(2, q_tokens, 12), torch.randn(2, k_tokens, 12)
+    with pytest.raises(ValueError, match=rf"min_tokens to {max(q_tokens, k_tokens) + 1} or more"):
+        fn(None, q, k, k, 5)
+
+
+def test_devices_other_than_cuda_are_not_counted_against_the_gpus(adapter, monkeypatch):
+    """Only CUDA/ROCm indexes are checked against torch.cuda.device_count(): 'cpu:3' or 'meta:1' name no GPU and
+    pass however many GPUs there are (nodes/attention.py parse_devices)."""
+    from tiled_attention_pack.nodes import attention
+    for count in (0, 2):
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+        assert attention.parse_devices("Patch Attention (tiled)", "cpu:3, cpu, meta:1") == (
+            torch.device("cpu:3"), torch.device("cpu"), torch.device("meta:1"))
+
