@@ -247,6 +247,14 @@ def _empty_guard_equivalents():
 
 EQUIVALENT += _empty_guard_equivalents()
 EQUIVALENT += [
+    ("nodes/comfy_adapter.py::count", "return 0", "return -1",
+     "the one caller that reads count()'s result compares it with 1 (the first-call log, run_engine's caller); "
+     "inside a trace 0 and -1 both differ from 1"),
+    ("nodes/everywhere.py::_describe",
+     'where = "where this device needs it" if s["mode"] == "auto" else f"on every device, tier {s[\'mode\']}"',
+     'where = "where this device needs it" if s["mode"] <= "auto" else f"on every device, tier {s[\'mode\']}"',
+     'this branch runs with the mode on: s["mode"] is one of "auto", "chunked", "online", "inplace" (set_mode '
+     'checks), none of which sorts before "auto", so `<= "auto"` holds for "auto" alone, like `==`'),
     ("attention_core/plan.py::score_bytes",
      'return {"chunked": (1 if cpu else 2) * isz, "inplace": isz, "online": isz + 2 * 4}[tier]',
      'return {"chunked": (1 if cpu else 2) * isz, "inplace": isz, "online": isz ^ 2 * 4}[tier]',
