@@ -76,9 +76,9 @@ class PatchAttention(io.ComfyNode):
                 "The diffusion model to patch (Wan, LTX, Flux, SD... any model that uses ComfyUI's optimized "
                 "attention)."))] + settings_inputs(1024, "model") + [
                 io.String.Input("devices", default="", optional=True, tooltip=(
-                    "Empty: attention runs on the model's device. Several devices, e.g. 'cuda:0, cuda:1': each "
-                    "attention call's heads are split over them (exact; q, k, v copied there and the result "
-                    "back), for machines with several GPUs."))],
+                    "Empty: attention runs on the model's device. One device, e.g. 'cuda:1': it runs there; "
+                    "several, e.g. 'cuda:0, cuda:1': each attention call's heads are split over them. Exact "
+                    "either way (q, k, v copied there and the result back); for machines with several GPUs."))],
             outputs=[io.Model.Output()],
         )
 

@@ -239,7 +239,7 @@ def run_engine(settings: PatchSettings, call: dict, kwargs: dict) -> torch.Tenso
     budget = settings.memory_budget_mb * (1 << 20) if settings.memory_budget_mb > 0 else None
     key = counts.traced_key(settings.count_key)  # the engine counts the call where it runs, once
     try:
-        if len(settings.devices) > 1:
+        if settings.devices:  # one device: attention runs there; several: the heads are split over them
             from ..attention_core.multidevice import scaled_dot_product_attention_on_devices
             out = scaled_dot_product_attention_on_devices(q, k, v, sdpa_mask(call["mask"]), scale=kwargs.get("scale"),
                                                           enable_gqa=enable_gqa, devices=settings.devices, tier=tier,

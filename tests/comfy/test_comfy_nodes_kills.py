@@ -417,3 +417,23 @@ def test_devices_other_than_cuda_are_not_counted_against_the_gpus(adapter, monke
         assert attention.parse_devices("Patch Attention (tiled)", "cpu:3, cpu, meta:1") == (
             torch.device("cpu:3"), torch.device("cpu"), torch.device("meta:1"))
 
+
+
+def test_one_listed_device_runs_attention_there(adapter, monkeypatch):
+    """devices with one entry (e.g. 'cuda:1' beside a model on cuda:0) is not ignored: the call goes to the head
+    split with that one device, which runs it there (here the CPU, the model's device: the same answer); an empty
+    list keeps the plain engine call."""
+    from tiled_attention_pack.attention_core import multidevice
+    from tiled_attention_pack.nodes.attention import make_settings
+    real, seen = multidevice.scaled_dot_product_attention_on_devices, []
+
+    def spy(*a, **kw):
+        seen.append(tuple(kw["devices"]))
+        return real(*a, **kw)
+    monkeypatch.setattr(multidevice, "scaled_dot_product_attention_on_devices", spy)
+    q = torch.randn(1, 6, 8)
+    one = adapter.make_override(make_settings("Patch Attention (tiled)", "chunked", 0, "keep", 0, "cpu"))
+    none = adapter.make_override(make_settings("Patch Attention (tiled)", "chunked", 0, "keep", 0, ""))
+    out_one, out_none = one(None, q, q, q, 2), none(None, q, q, q, 2)
+    assert seen == [(torch.device("cpu"),)]
+    assert torch.allclose(out_one, out_none, atol=1e-6, rtol=1e-6)
