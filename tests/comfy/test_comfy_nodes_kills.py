@@ -2,6 +2,9 @@
 nodes/comfy_adapter.py the node tests could not see), and the other nodes' mutants the node tests missed (Attention
 Info's hint, the text encoder's fallback, clone callbacks outside ComfyUI, nested text connectors). The pack is loaded
 as ComfyUI loads it, in a real ComfyUI; every attention result is compared with torch's SDPA on the same inputs."""
+import importlib
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -437,3 +440,40 @@ def test_one_listed_device_runs_attention_there(adapter, monkeypatch):
     out_one, out_none = one(None, q, q, q, 2), none(None, q, q, q, 2)
     assert seen == [(torch.device("cpu"),)]
     assert torch.allclose(out_one, out_none, atol=1e-6, rtol=1e-6)
+
+
+def test_attention_fit_takes_a_free_memory_below_one_gb_as_given(adapter):
+    """free_gb 0.5 is half a gigabyte, not 'read the free memory now' (only 0 means that): the report is
+    plan.estimate's for 0.5 GB."""
+    from tiled_attention_pack.nodes.fit import AttentionFit
+    from tiled_attention_pack.attention_core import plan
+    text = AttentionFit.execute(model="wan22-5b", width=832, height=480, frames=41, dtype="fp16",
+                                free_gb=0.5).result[0]
+    est = plan.estimate("wan22-5b", 832, 480, 41, int(0.5 * plan.GB), 2, cpu=True, dtype="fp16")
+    assert text.startswith(plan.report(est))
+
+
+def test_the_heads_error_names_the_width_that_does_not_split(adapter):
+    """The heads error names the last axis (the width), not the batch or token count."""
+    fn = adapter.make_override(adapter.PatchSettings(mode="chunked"))
+    q = torch.randn(3, 7, 12)
+    with pytest.raises(ValueError, match=r"the last axis, 12, is not a multiple of 5"):
+        fn(None, q, q, q, 5)
+
+
+def test_comfys_default_attention_is_unknown_outside_comfyui(adapter, monkeypatch):
+    """Where ComfyUI's attention module cannot be imported, the name says so instead of raising."""
+    monkeypatch.setitem(sys.modules, "comfy.ldm.modules", None)  # importing it (and its attention) raises ImportError
+    assert adapter.comfy_default_attention() == "unknown (ComfyUI not imported)"
+
+
+def test_the_notice_names_the_graph_node_comfyui_is_executing(adapter):
+    """node_label adds the id of the node ComfyUI executes ("Patch Attention (tiled) #12"), where ComfyUI has an
+    executing context (0.3.4x on), and is the bare name outside one."""
+    from tiled_attention_pack.nodes.override_notice import node_label
+    utils = sys.modules.get("comfy_execution.utils") or importlib.import_module("comfy_execution.utils")
+    if not hasattr(utils, "CurrentNodeContext"):
+        pytest.skip("not applicable: this ComfyUI has no executing context (0.3.75)")
+    assert node_label("Patch Attention (tiled)") == "Patch Attention (tiled)"
+    with utils.CurrentNodeContext("prompt-1", "12"):
+        assert node_label("Patch Attention (tiled)") == "Patch Attention (tiled) #12"
