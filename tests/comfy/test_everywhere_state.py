@@ -83,8 +83,8 @@ def test_enable_with_other_options_on_the_packs_copy_is_named_and_left_alone(pac
     assert "put its own options in force for them (force=True, min_tokens=7, {'tier': 'inplace'})" in line, line
     ew.set_mode("off")
     assert patch.is_enabled() and patch.enabled_config().options == {"tier": "inplace"}
-    assert "torch SDPA is routed by other code nonetheless (attention_core enable() at " in ew.describe(), \
-        ew.describe()
+    assert "torch SDPA is routed by other code nonetheless (attention_core enable() at " \
+           "comfy/test_everywhere_state.py:" in ew.describe(), ew.describe()  # the call and where it came from
     core.disable()
     assert ew.describe(stats=False).startswith("Tiled Attention Everywhere: off (process-wide mode")
     with core.patched(force=True):

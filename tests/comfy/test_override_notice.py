@@ -358,3 +358,7 @@ def test_holds_follows_wrappers_to_the_documented_depth(pack):
     # at most `budget` objects are opened: behind 300 others at the first level, the holder is never opened
     crowd = [Holder() for _ in range(300)] + [h]
     assert holds(crowd, target, budget=400) and not holds(crowd, target)
+    # the default budget is 256 objects exactly: the list and 254 others opened before the holder (256th) finds it,
+    # one more other and the holder would be the 257th
+    assert holds([Holder() for _ in range(254)] + [h], target)
+    assert not holds([Holder() for _ in range(255)] + [h], target)
