@@ -477,3 +477,18 @@ def test_the_notice_names_the_graph_node_comfyui_is_executing(adapter):
     assert node_label("Patch Attention (tiled)") == "Patch Attention (tiled)"
     with utils.CurrentNodeContext("prompt-1", "12"):
         assert node_label("Patch Attention (tiled)") == "Patch Attention (tiled) #12"
+
+
+def test_attention_fit_reads_its_dtype_from_a_prompts_json(adapter):
+    """The dtype arrives as a string parsed from the prompt's JSON (not the interned literal of the schema): 'fp32'
+    from json.loads still counts 4 bytes an element ('==', not 'is'), the other dtypes 2."""
+    import json
+    from tiled_attention_pack.nodes.fit import AttentionFit
+    from tiled_attention_pack.attention_core import plan
+    inputs = json.loads('{"model": "wan22-5b", "width": 832, "height": 480, "frames": 41, "dtype": "fp32", '
+                        '"free_gb": 8.0}')
+    assert inputs["dtype"] is not "fp32"  # noqa: F632 - the point: another object with the same text
+    text = AttentionFit.execute(**inputs).result[0]
+    est = plan.estimate("wan22-5b", 832, 480, 41, int(8.0 * plan.GB), 4, cpu=True, dtype="fp32")
+    assert text.startswith(plan.report(est))
+    assert est != plan.estimate("wan22-5b", 832, 480, 41, int(8.0 * plan.GB), 2, cpu=True, dtype="fp32")
