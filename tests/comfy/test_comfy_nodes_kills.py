@@ -492,3 +492,28 @@ def test_attention_fit_reads_its_dtype_from_a_prompts_json(adapter):
     est = plan.estimate("wan22-5b", 832, 480, 41, int(8.0 * plan.GB), 4, cpu=True, dtype="fp32")
     assert text.startswith(plan.report(est))
     assert est != plan.estimate("wan22-5b", 832, 480, 41, int(8.0 * plan.GB), 2, cpu=True, dtype="fp32")
+
+
+def test_patch_settings_count_compiled_calls_as_a_number(adapter):
+    """PatchSettings.compiled_calls is a number (a property: 0 for eager calls), beside stats['engine']."""
+    settings = adapter.PatchSettings(mode="chunked")
+    q = torch.randn(1, 6, 8)
+    assert settings.compiled_calls == 0 and settings.stats["engine"] == 0
+    adapter.make_override(settings)(None, q, q, q, 2)
+    assert settings.stats["engine"] == 1 and settings.compiled_calls == 0
+    assert isinstance(settings.compiled_calls, int)
+
+
+@pytest.mark.parametrize("value", ["auto", "chunked", "inplace", "online"])
+def test_every_on_value_of_the_environment_switches_the_mode_on(adapter, monkeypatch, value):
+    """TILED_ATTENTION_EVERYWHERE=auto / chunked / inplace / online at start turns the mode on in that mode, set by
+    the variable; 'off' leaves it off."""
+    from tiled_attention_pack.nodes import everywhere
+    monkeypatch.setattr(everywhere, "_env_applied", False)
+    try:
+        s = everywhere.apply_environment({everywhere.ENV: value})
+        assert s["on"] and s["mode"] == value and s["source"] == f"{everywhere.ENV}={value}", s
+    finally:
+        everywhere.set_mode("off")
+    monkeypatch.setattr(everywhere, "_env_applied", False)
+    assert not everywhere.apply_environment({everywhere.ENV: "off"})["on"]

@@ -294,12 +294,13 @@ def test_comfyui_installed_inside_a_pack_folder_is_still_comfyui(pack, tmp_path,
     custom_nodes folder holds packs."""
     import comfy
     notice = mod("nodes.override_notice")
-    root = tmp_path / "ComfyUI" / "custom_nodes" / "tiled-attention" / ".cache" / "comfyui-x"
-    monkeypatch.setattr(comfy, "__file__", str(root / "comfy" / "__init__.py"), raising=False)
-    assert notice.custom_node_folder(function_in(root / "comfy" / "ldm" / "modules" / "attention.py")) is None
-    assert notice.custom_node_folder(function_in(root / "comfy_extras" / "nodes_x.py")) is None
-    assert notice.custom_node_folder(function_in(root / "custom_nodes" / "PackC" / "a" / "b.py")) == "PackC"
-    assert notice.custom_node_folder(function_in(root / "custom_nodes" / "one_file.py")) == "one_file"
+    for name in ("comfyui-x", "comfyui-xy"):  # root paths of both parities of length
+        root = tmp_path / "ComfyUI" / "custom_nodes" / "tiled-attention" / ".cache" / name
+        monkeypatch.setattr(comfy, "__file__", str(root / "comfy" / "__init__.py"), raising=False)
+        assert notice.custom_node_folder(function_in(root / "comfy" / "ldm" / "modules" / "attention.py")) is None
+        assert notice.custom_node_folder(function_in(root / "comfy_extras" / "nodes_x.py")) is None
+        assert notice.custom_node_folder(function_in(root / "custom_nodes" / "PackC" / "a" / "b.py")) == "PackC"
+        assert notice.custom_node_folder(function_in(root / "custom_nodes" / "one_file.py")) == "one_file"
     # code outside that ComfyUI: the rules above (the folder right under the nearest custom_nodes)
     assert notice.custom_node_folder(function_in(tmp_path / "ComfyUI" / "custom_nodes" / "tiled-attention" /
                                                  "nodes" / "x.py")) == "tiled-attention"
