@@ -517,3 +517,22 @@ def test_every_on_value_of_the_environment_switches_the_mode_on(adapter, monkeyp
         everywhere.set_mode("off")
     monkeypatch.setattr(everywhere, "_env_applied", False)
     assert not everywhere.apply_environment({everywhere.ENV: "off"})["on"]
+
+
+def test_patch_settings_stats_has_two_keys_only(adapter):
+    """stats is a mapping of exactly 'engine' and 'passthrough': any other key is a KeyError (not the engine
+    count), so `in` and .get() answer as for a dict."""
+    stats = adapter.PatchSettings(mode="chunked").stats
+    assert dict(stats) == {"engine": 0, "passthrough": 0}
+    for key in ("compiled", "aaa", "zzz", ""):
+        with pytest.raises(KeyError):
+            stats[key]
+        assert key not in stats and stats.get(key) is None
+
+
+def test_the_heads_error_for_zero_heads_asks_for_one(adapter):
+    """heads=0 is not 'a width that is not a multiple of 0': the error says there must be at least one head."""
+    fn = adapter.make_override(adapter.PatchSettings(mode="chunked"))
+    q = torch.randn(1, 5, 12)
+    with pytest.raises(ValueError, match=r"and there must be at least one head\."):
+        fn(None, q, q, q, 0)

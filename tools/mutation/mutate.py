@@ -247,6 +247,17 @@ def _empty_guard_equivalents():
 
 EQUIVALENT += _empty_guard_equivalents()
 EQUIVALENT += [
+    ("nodes/clones.py::rebind_object_patches", "if clone.model is original.model:",
+     "if clone.model == original.model:",
+     "the models are torch.nn.Modules, which define no __eq__: == is identity for them"),
+    ("nodes/object_routes.py::leaf_modules_with_parameter",
+     'return sorted(name for name in takes if not any(o != name and (name == "" or o.startswith(name + "."))',
+     'return sorted(name for name in takes if not any(o != name and (name is "" or o.startswith(name + "."))',
+     "CPython keeps one empty str object: a name equal to \"\" is that object, so `is \"\"` is `== \"\"`"),
+    ("nodes/vae_route.py::VaeAttentionRoute.__call__", "return out.transpose(2, 3).reshape(shape)",
+     "return out.transpose( 1, 3).reshape(shape)",
+     "out is [b, 1, n, c]: dim 1 has size 1, so transposing 1 and 3 or 2 and 3 orders the elements the same "
+     "(b, c, n) and the reshape gives the same tensor"),
     ("nodes/comfy_adapter.py::count", "return 0", "return -1",
      "the one caller that reads count()'s result compares it with 1 (the first-call log, run_engine's caller); "
      "inside a trace 0 and -1 both differ from 1"),
