@@ -359,7 +359,25 @@ def test_holds_follows_wrappers_to_the_documented_depth(pack):
     # at most `budget` objects are opened: behind 300 others at the first level, the holder is never opened
     crowd = [Holder() for _ in range(300)] + [h]
     assert holds(crowd, target, budget=400) and not holds(crowd, target)
+    # a closure with an empty cell (a variable assigned after the function was made, never reached) is searched,
+    # not an error
+    def with_empty_cell():
+        def inner(*a):
+            return later(*a)  # noqa: F821 - assigned below, never reached
+        return inner
+        later = target  # noqa: F841
+    assert not holds(with_empty_cell(), target) and holds([with_empty_cell(), target], target)
     # the default budget is 256 objects exactly: the list and 254 others opened before the holder (256th) finds it,
     # one more other and the holder would be the 257th
     assert holds([Holder() for _ in range(254)] + [h], target)
     assert not holds([Holder() for _ in range(255)] + [h], target)
+
+
+def test_a_notice_is_immutable(pack):
+    """The latest notice is shared with Attention Info on other threads: a frozen record, replaced whole."""
+    import dataclasses
+    notice = mod("nodes.override_notice").Notice("prompt-1", "text", 0.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        notice.text = "changed"
+    assert hash(notice) == hash(mod("nodes.override_notice").Notice("prompt-1", "text", 0.0))
+

@@ -247,6 +247,9 @@ def _empty_guard_equivalents():
 
 EQUIVALENT += _empty_guard_equivalents()
 EQUIVALENT += [
+    ("nodes/override_notice.py::check", "if current is expected:", "if current == expected:",
+     "expected is the plain function make_override returned: functions compare by identity, and no override "
+     "object (ComfyUI's closures, the packs') defines an __eq__ that claims equality with another function"),
     ("nodes/clones.py::rebind_object_patches", "if clone.model is original.model:",
      "if clone.model == original.model:",
      "the models are torch.nn.Modules, which define no __eq__: == is identity for them"),
