@@ -536,3 +536,18 @@ def test_the_heads_error_for_zero_heads_asks_for_one(adapter):
     q = torch.randn(1, 5, 12)
     with pytest.raises(ValueError, match=r"and there must be at least one head\."):
         fn(None, q, q, q, 0)
+
+
+def test_attention_fit_on_a_gpu_counts_the_gpus_buffers(adapter, monkeypatch):
+    """On a GPU (the device name a runtime string, as torch gives it) Attention Fit plans with the GPU's rules
+    (cpu=False: chunked keeps a second score buffer there), on the CPU with the CPU's."""
+    from tiled_attention_pack.nodes import fit
+    from tiled_attention_pack.attention_core import plan
+    args = dict(model="wan22-5b", width=832, height=480, frames=41, dtype="fp16", free_gb=2.0)
+    monkeypatch.setattr(plan, "time_report", lambda est, device, blocks=None: "time")  # no GPU to name here
+    for device, cpu in (("cuda:0", False), ("cpu", True)):
+        name = "".join(list(device))  # not the interned literal
+        monkeypatch.setattr(fit, "device_here", lambda: name)
+        text = fit.AttentionFit.execute(**args).result[0]
+        est = plan.estimate("wan22-5b", 832, 480, 41, int(2.0 * plan.GB), 2, cpu=cpu, dtype="fp16")
+        assert text.startswith(plan.report(est) + "\n\n"), device
