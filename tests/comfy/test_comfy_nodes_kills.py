@@ -551,3 +551,19 @@ def test_attention_fit_on_a_gpu_counts_the_gpus_buffers(adapter, monkeypatch):
         text = fit.AttentionFit.execute(**args).result[0]
         est = plan.estimate("wan22-5b", 832, 480, 41, int(2.0 * plan.GB), 2, cpu=cpu, dtype="fp16")
         assert text.startswith(plan.report(est) + "\n\n"), device
+
+
+def test_one_head_is_a_valid_head_count(adapter):
+    """heads=1 (a single-head attention on [batch, tokens, width]) runs, as torch's SDPA on one head."""
+    fn = adapter.make_override(adapter.PatchSettings(mode="chunked"))
+    q, k, v = (torch.randn(2, 7, 8, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    out = fn(None, q, k, v, 1)
+    ref = F.scaled_dot_product_attention(q[:, None].double(), k[:, None].double(), v[:, None].double())[:, 0]
+    assert torch.allclose(out.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_the_backend_is_not_registered_outside_comfyui(adapter, monkeypatch):
+    """Where ComfyUI's attention module cannot be imported, register() says the name is not ours (False)."""
+    from tiled_attention_pack.nodes import backend_registry
+    monkeypatch.setitem(sys.modules, "comfy.ldm.modules", None)  # importing it raises ImportError
+    assert backend_registry.register() is False

@@ -301,6 +301,7 @@ def test_comfyui_installed_inside_a_pack_folder_is_still_comfyui(pack, tmp_path,
         assert notice.custom_node_folder(function_in(root / "comfy_extras" / "nodes_x.py")) is None
         assert notice.custom_node_folder(function_in(root / "custom_nodes" / "PackC" / "a" / "b.py")) == "PackC"
         assert notice.custom_node_folder(function_in(root / "custom_nodes" / "one_file.py")) == "one_file"
+        assert notice.custom_node_folder(function_in(root / "custom_nodes")) is None  # no pack below it
     # code outside that ComfyUI: the rules above (the folder right under the nearest custom_nodes)
     assert notice.custom_node_folder(function_in(tmp_path / "ComfyUI" / "custom_nodes" / "tiled-attention" /
                                                  "nodes" / "x.py")) == "tiled-attention"

@@ -247,6 +247,11 @@ def _empty_guard_equivalents():
 
 EQUIVALENT += _empty_guard_equivalents()
 EQUIVALENT += [
+    ("nodes/override_notice.py::custom_node_folder",
+     "if path.startswith(f + os.sep) and (best is None or len(f) > best[0]):",
+     "if path.startswith(f + os.sep) and (best is None or len(f) >= best[0]):",
+     "a tie needs two different folders of the same length that both begin the path, which is one string: they "
+     "are the same folder, and a folder's entry is keyed by its own name, so best names the same pack either way"),
     ("nodes/override_notice.py::check", "if current is expected:", "if current == expected:",
      "expected is the plain function make_override returned: functions compare by identity, and no override "
      "object (ComfyUI's closures, the packs') defines an __eq__ that claims equality with another function"),
