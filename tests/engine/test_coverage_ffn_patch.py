@@ -617,3 +617,22 @@ def test_another_threads_compile_does_not_change_this_threads_route(monkeypatch,
             out = F.scaled_dot_product_attention(q, q, q)
     assert patch_mod.stats()[patch_mod.SDPA_PATH]["deferred"] == 1
     assert torch.equal(out, torch_sdpa(q, q, q))
+
+
+def test_a_pass_through_two_wrappers_deep_reaches_torchs_own(torch_sdpa):
+    """Two other libraries' functions under ours, each calling F.scaled_dot_product_attention again (ours, on
+    top): every pass goes one function further back, theirs2 -> theirs1 -> torch's own, with no loop and no
+    index past the chain (the third call is at depth 2 of three fallbacks). Seed 24328's survivor."""
+    calls = []
+
+    def make(name):
+        def theirs(*args, **kwargs):
+            calls.append(name)
+            return F.scaled_dot_product_attention(*args, **kwargs)  # ours again: it passes one further back
+        return theirs
+    theirs1, theirs2 = make("theirs1"), make("theirs2")
+    q, k, v = _qkv()
+    attention_core.enable(min_tokens=10**6)  # every call passed on
+    patch_mod._state = patch_mod._state._replace(fallbacks=(torch_sdpa, theirs1, theirs2))
+    out = F.scaled_dot_product_attention(q, k, v)
+    assert calls == ["theirs2", "theirs1"] and torch.equal(out, torch_sdpa(q, k, v))

@@ -580,3 +580,14 @@ def test_every_gpu_self_check_case_is_a_valid_attention_problem():
         got = sdpa(q, k, v, **kw)
         assert float((got.double() - want).abs().max()) <= 4 * torch_err + 1e-6, name
     assert "fp16 overflowing scores" in names
+
+
+def test_the_report_prints_its_progress_flushed(monkeypatch, tmp_path):
+    """python -m attention_core.report prints each progress line flushed (a piped log shows it as it happens),
+    seed 24328's survivor: the log callback it gives build() calls print(..., flush=True)."""
+    from attention_core import report
+    printed = []
+    monkeypatch.setattr(report, "print", lambda *a, **kw: printed.append(kw.get("flush")), raising=False)
+    monkeypatch.setattr(report, "build", lambda device, quick, comfyui, log: (log("step"), "text")[1])
+    report.main(["--out", str(tmp_path / "r.md")])
+    assert printed and printed[0] is True, printed
