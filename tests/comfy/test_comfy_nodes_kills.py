@@ -567,3 +567,11 @@ def test_the_backend_is_not_registered_outside_comfyui(adapter, monkeypatch):
     from tiled_attention_pack.nodes import backend_registry
     monkeypatch.setitem(sys.modules, "comfy.ldm.modules", None)  # importing it raises ImportError
     assert backend_registry.register() is False
+
+
+def test_attention_info_outside_comfyui_falls_back_to_torchs_device(adapter, monkeypatch):
+    """Where comfy.model_management cannot be imported, Attention Info's device is torch's own choice (the CPU on
+    a machine without CUDA) instead of an error. Fresh draw 247072's survivor (written after the draw)."""
+    from tiled_attention_pack.nodes import info
+    monkeypatch.setitem(sys.modules, "comfy.model_management", None)  # importing it raises ImportError
+    assert info._device() == torch.device("cuda" if torch.cuda.is_available() else "cpu")
