@@ -575,3 +575,32 @@ def test_attention_info_outside_comfyui_falls_back_to_torchs_device(adapter, mon
     from tiled_attention_pack.nodes import info
     monkeypatch.setitem(sys.modules, "comfy.model_management", None)  # importing it raises ImportError
     assert info._device() == torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_rebinding_leaves_an_object_with_rewrapped_but_no_wraps_alone(adapter):
+    """_rebound rebinds this pack's wrappers only (a class with WRAPS and a rewrapped method): another object that
+    merely has a `rewrapped` attribute is kept as it is. Fresh draw 247072's survivor (written after the draw)."""
+    from tiled_attention_pack.nodes import clones
+
+    class Foreign:
+        def rewrapped(self, inner):
+            raise AssertionError("not ours to rewrap")
+    obj = Foreign()
+    assert clones._rebound(obj, {}, torch.nn.Module(), "key") is obj
+
+
+def test_the_vae_route_compiles_without_a_graph_break(adapter):
+    """Patch Attention (VAE)'s route under torch.compile(fullgraph=True): the first-call log is not reached while
+    tracing (count() gives 0 there, and only the first eager call logs). Fresh draw 247072's survivor
+    (count == 1 as <= 1 logged inside the trace), written after the draw."""
+    from tiled_attention_pack.nodes.vae_route import VaeAttentionRoute
+    settings = adapter.PatchSettings(mode="chunked", node="Patch Attention (VAE)")
+    route = VaeAttentionRoute(lambda q, k, v: q, settings)
+    q, k, v = (torch.randn(1, 8, 2, 4, 4, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    import torch._dynamo as dynamo
+    dynamo.reset()
+    try:
+        out = torch.compile(route, backend="eager", fullgraph=True)(q, k, v)
+    finally:
+        dynamo.reset()
+    assert torch.allclose(out, route(q, k, v), atol=1e-6)

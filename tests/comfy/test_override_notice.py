@@ -83,6 +83,17 @@ def in_prompt(prompt_id, node_id="9"):
     return CurrentNodeContext(prompt_id, node_id)
 
 
+@pytest.mark.parametrize("mode", ["online", "inplace", "auto"])
+def test_every_mode_of_patch_attention_is_watched(node, wan, notices, mode):
+    """Whatever the mode (not only chunked), Patch Attention replaced by a later override is said. Fresh draw
+    247072's survivor (mode != "off" as < "off" skipped online), written after the draw."""
+    replaced = sage_standin(patch(node, wan, mode))
+    with in_prompt(f"prompt-{mode}"):
+        sample(replaced)
+    warned = notices()
+    assert len(warned) == 1 and f"(mode {mode}) is not in force" in warned[0], warned
+
+
 def test_model_attention_backend_after_patch_attention_is_named_once_per_prompt(node, wan, notices):
     replaced = model_attention_backend(patch(node, wan))
     with in_prompt("prompt-1"):
