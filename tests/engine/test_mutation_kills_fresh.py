@@ -591,3 +591,15 @@ def test_the_report_prints_its_progress_flushed(monkeypatch, tmp_path):
     monkeypatch.setattr(report, "build", lambda device, quick, comfyui, log: (log("step"), "text")[1])
     report.main(["--out", str(tmp_path / "r.md")])
     assert printed and printed[0] is True, printed
+
+
+def test_key_and_value_with_fewer_batch_dims_broadcast_as_torch():
+    """q with two batch dims, k and v with one (torch's SDPA broadcasts them as matmul does): the engine reads each
+    tensor's batch sizes from its own end, the same answer as torch's. Fresh draw 24328's survivor (the offset
+    nd - dim as nd >> dim), written after the draw."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 3, 2, 5, 4, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(3, 2, 6, 4, generator=g, dtype=torch.float64) for _ in range(2))
+    ref = torch._C._nn.scaled_dot_product_attention(q, k, v)
+    for tier in ("chunked", "online", "inplace"):
+        assert torch.allclose(sdpa(q, k, v, tier=tier), ref, atol=1e-12), tier
