@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from comfy_harness import PACK_NAME
+from line_tracing import line_events
 
 pytestmark = pytest.mark.comfy_inprocess
 TORCH_SDPA = F.scaled_dot_product_attention
@@ -113,25 +114,6 @@ def _close(a, b):
     return (a - b).abs().max() < 1e-5
 
 
-def _line_events(fn, files, at=None, switch=None):
-    """Run fn() with sys.settrace on this thread; count the line events in `files` and, at the one numbered `at`,
-    call switch() first (then stop tracing: the rest of the call runs at full speed). Returns (fn's result, line
-    events)."""
-    seen = [0]
-
-    def local(frame, event, arg):
-        if event == "line":
-            if seen[0] == at:
-                switch()
-                sys.settrace(None)
-            seen[0] += 1
-        return local
-    previous_trace = sys.gettrace()  # coverage.py's tracer under ./dev mutate: put back after
-    sys.settrace(lambda frame, event, arg: local if frame.f_code.co_filename in files else None)
-    try:
-        return fn(), seen[0]
-    finally:
-        sys.settrace(previous_trace)
 
 
 def test_one_switch_of_each_kind_at_each_line_of_the_routes(pack, ew, calls):
@@ -155,11 +137,11 @@ def test_one_switch_of_each_kind_at_each_line_of_the_routes(pack, ew, calls):
                 held = F.scaled_dot_product_attention  # ours, as the model code holds it
                 then()
                 return (lambda: comfy()) if which == "comfy" else (lambda: sdpa(held))
-            _, lines = _line_events(reset(), files)
+            _, lines = line_events(reset(), files)
             assert lines >= (0 if (start, which) == ("off", "comfy") else 3), (start, which, lines)
             for at in range(lines):
                 for kind in kinds:
-                    out, _ = _line_events(reset(), files, at, ModeSwitcher(pack, ew, kind))
+                    out, _ = line_events(reset(), files, at, ModeSwitcher(pack, ew, kind))
                     assert _close(out, ref), (start, which, at, kind)
                     runs += 1
     print(f"\n{runs} calls, each with one switch")

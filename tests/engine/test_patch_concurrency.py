@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 import attention_core
 import attention_core.patch as patch_mod
+from line_tracing import line_events
 
 TORCH_SDPA = F.scaled_dot_product_attention
 HUNG = 300  # seconds: a thread still running after this is deadlocked (never reached when the code works)
@@ -136,23 +137,8 @@ def test_a_switch_at_every_line_of_the_router_never_breaks_a_call(start_on):
 
 
 def _line_events(fn, at=None, switch=None):
-    """fn() under sys.settrace on this thread: counts the line events in attention_core/patch.py and, at the one
-    numbered `at`, calls switch() first (then stops tracing). Returns (fn's result, line events)."""
-    seen = [0]
-
-    def local(frame, event, arg):
-        if event == "line":
-            if seen[0] == at:
-                switch()
-                sys.settrace(None)
-            seen[0] += 1
-        return local
-    previous_trace = sys.gettrace()  # coverage.py's tracer under ./dev mutate: put back after
-    sys.settrace(lambda frame, event, arg: local if frame.f_code.co_filename == patch_mod.__file__ else None)
-    try:
-        return fn(), seen[0]
-    finally:
-        sys.settrace(previous_trace)
+    """fn() with the line events of attention_core/patch.py counted, switch() at the one numbered `at`."""
+    return line_events(fn, {patch_mod.__file__}, at, switch)
 
 
 @pytest.mark.parametrize("start_on", ["passing", "routing", "block", "deferred"])
