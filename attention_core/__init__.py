@@ -37,4 +37,4 @@ from . import ops  # attention_core.ops.attention_forward, as the README documen
 
 __all__ = ["scaled_dot_product_attention", "detect", "DeviceReport", "enable", "disable", "is_enabled", "patched",
            "chunk_ffn", "unchunk_ffn", "ChunkedFFN", "AttentionMemoryError", "TIERS", "TIER_CHOICES"]
-__version__ = "0.1.0"
+from .version import VERSION as __version__  # pyproject.toml's [project] version, read once

@@ -23,7 +23,13 @@ DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16"
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors: `error: <message>` on stderr, exit status 2."""
+    """argparse with one-line errors: `error: <message>` on stderr, exit status 2; every command has `--version`
+    (the pack's version, `attention_core.version.VERSION`)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        from .version import VERSION
+        self.add_argument("--version", action="version", version=f"%(prog)s {VERSION} (tiled-attention)")
 
     def error(self, message):  # noqa: D102 - argparse's hook
         self.exit(2, "error: " + " ".join(str(message).split()) + "\n")

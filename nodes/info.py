@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..attention_core import detect
+from ..attention_core import __version__, detect
 from .api import io
 from .comfy_adapter import comfy_default_attention
 from .everywhere import describe as everywhere_state
@@ -29,7 +29,7 @@ def startup_line() -> str:
 
 def report_text() -> str:
     r = detect(_device())
-    lines = [r.text(), f"ComfyUI's own attention: {comfy_default_attention()}",
+    lines = [f"tiled-attention {__version__}", r.text(), f"ComfyUI's own attention: {comfy_default_attention()}",
              f"torch: {torch.__version__}" + (f", HIP {torch.version.hip}" if getattr(torch.version, "hip", None)
                                               else (f", CUDA {torch.version.cuda}" if torch.version.cuda else ""))]
     if r.needs_tiled_attention:

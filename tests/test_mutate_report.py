@@ -217,13 +217,13 @@ def test_a_run_that_stops_leaves_a_partial_report_and_is_logged(monkeypatch, tmp
 
 
 def test_the_readme_states_the_latest_draw_of_each_module_not_the_best():
-    """README.md's figure per module is its latest whole-module draw in docs/mutation-draws.jsonl, word for word
+    """docs/development.md's figure per module is its latest whole-module draw in docs/mutation-draws.jsonl, word for word
     (mutate.readme_figure), whatever it scored; a module never drawn says so."""
     draws = mutate.read_draws()
-    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    readme = " ".join((ROOT / "docs" / "development.md").read_text(encoding="utf-8").split())
     for module in mutate.MODULES:
         figure = mutate.readme_figure(module, mutate.latest_draw(draws, module))
-        assert figure in readme, f"README.md must state: {figure}"
+        assert figure in readme, f"docs/development.md must state: {figure}"
 
 
 def test_the_latest_draw_is_the_last_whole_module_one_whatever_it_scored():

@@ -372,7 +372,7 @@ def test_runs_as_a_module_with_its_help(monkeypatch, capsys):
         runpy.run_module("attention_core.calibrate", run_name="__main__")
     assert e.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert text.startswith("usage: python -m attention_core.calibrate [-h] [--device DEVICE] [--dtype {fp16,bf16,fp32}] "
+    assert text.startswith("usage: python -m attention_core.calibrate [-h] [--version] [--device DEVICE] [--dtype {fp16,bf16,fp32}] "
                            "[--model {ltx23-22b,wan-14b,wan22-5b}] [--comfyui COMFYUI] [--out OUT] ")
     assert ("Device calibration: measured throughput of what a DiT sampling step does, for attention_core.estimate."
             in text)

@@ -1,6 +1,6 @@
 """The composition matrix (issue 22.10): every way of running the engine x every transform of torch x every way of
 spreading a call, each cell exact against torch's math SDPA on float64 or one clear error naming what is
-unsupported; README.md's support table is rendered from the cells (render_table) and must equal them.
+unsupported; docs/engine.md's support table is rendered from the cells (render_table) and must equal them.
 
   modes       eager | torch.compile, default mode, backend "aot_eager" | the same, backend "eager" (the one backend
               dynamo lets trace inside torch.func transforms) | torch.compile(fullgraph=True), backend "eager" |
@@ -15,7 +15,7 @@ applied outside torch.compile (as to a compiled model), and the reference is the
 on torch's math SDPA, eager. For Ulysses and ring each rank holds its slice of the sequence: `backward` is compared
 with torch's gradients of the whole sequence (each rank its rows); the torch.func transforms of a rank's slice have
 no such meaning and must be refused. An error is clear when it is one of ERRORS; an error that torch.compile itself
-raises (dynamo's own limits) must be raised by torch's math SDPA in the same cell too. The README test runs on the
+raises (dynamo's own limits) must be raised by torch's math SDPA in the same cell too. The docs table's test runs on the
 torch of tests/requirements-test.txt only (which cells torch.compile can trace depends on the torch version).
 Inductor only where dynamo hands it little to build (torch.func around the compiled call): compiling its C++
 kernels costs 10 s to 35 s cold on two cores elsewhere; tests/comfy/test_compile_fullgraph.py compiles patched models.
@@ -35,7 +35,7 @@ import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-README = os.path.join(ROOT, "README.md")
+README = os.path.join(ROOT, "docs", "engine.md")  # the table moved there from README.md
 START, END = "<!-- composition matrix: start -->", "<!-- composition matrix: end -->"
 WORLD = 2
 TOL = 1e-10
@@ -56,7 +56,7 @@ INDUCTOR_CELLS = {("one call", "compile, inductor", t) for t in TRANSFORMS if t 
 CELLS = [(s, m, t) for s in SETUPS for m in MODES for t in TRANSFORMS
          if m != "compile, inductor" or (s, m, t) in INDUCTOR_CELLS]
 
-# label -> (exception class name, message pattern, from torch itself?, the README's legend)
+# label -> (exception class name, message pattern, from torch itself?, the legend of docs/engine.md's table)
 ERRORS = {
     "refused": ("NotImplementedError", r"(ulysses|ring)_attention \(rank \d of \d\): rank\(s\) \[0, 1\] rejected the "
                 r"call.*(ulysses|ring)_attention does not support (torch\.func transforms \(active here: [a-z, ]+\)"
@@ -289,7 +289,7 @@ def matrix(tmp_path_factory):
 # torch older than 2.14 (measured on 2.5.1, ./dev test-oldest-torch): these cells fail INSIDE torch with an
 # unclear error (dynamo's "view functorch tensors are not supported by meta conversion" under fullgraph jvp /
 # jacfwd, an internal assert for vmap under compile). Never a wrong answer: every other cell there is exact or a clear error as on the pinned torch, and
-# these must keep failing loudly (README: Limits).
+# these must keep failing loudly (docs/troubleshooting.md: Limits).
 OLD_TORCH_UNCLEAR = {
     **{(s, m, t): "meta conversion" for s in ("one call", "head split", "Ulysses", "ring")
        for m in ("fullgraph=True",) for t in ("jvp", "jacfwd", "jacrev(jacfwd)")},
@@ -318,7 +318,7 @@ def test_the_group_works_after_the_refusals(matrix, setup):
 
 
 def render_table(matrix) -> str:
-    """The README's support table (between the markers) from the cells' outcomes."""
+    """docs/engine.md's support table (between the markers) from the cells' outcomes."""
     lines = ["| setup | mode | " + " | ".join(TRANSFORMS) + " |", "|---|---|" + "---|" * len(TRANSFORMS)]
     for setup in SETUPS:
         for mode in MODES:
@@ -336,7 +336,7 @@ def render_table(matrix) -> str:
 def readme_table() -> str:
     with open(README, encoding="utf-8") as f:
         text = f.read()
-    assert text.count(START) == 1 and text.count(END) == 1, f"README.md needs one {START} ... {END} section"
+    assert text.count(START) == 1 and text.count(END) == 1, f"docs/engine.md needs one {START} ... {END} section"
     return text.split(START)[1].split(END)[0].strip()
 
 
@@ -347,10 +347,10 @@ def pinned_torch() -> str:
 
 def test_readme_table_is_the_matrix(matrix):
     if torch.__version__.split("+")[0] != pinned_torch():
-        pytest.skip(f"not applicable: README.md's table is of torch {pinned_torch()} (this is {torch.__version__}); "
+        pytest.skip(f"not applicable: docs/engine.md's table is of torch {pinned_torch()} (this is {torch.__version__}); "
                     f"the cells themselves are tested above")
     assert readme_table() == render_table(matrix), (
-        "README.md's composition matrix differs from the cells; the table they give:\n" + render_table(matrix))
+        "docs/engine.md's composition matrix differs from the cells; the table they give:\n" + render_table(matrix))
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:

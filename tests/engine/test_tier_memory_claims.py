@@ -1,7 +1,7 @@
-"""What the `mode` tooltips (Patch Attention, Tiled Attention Everywhere) and the README say about each tier's memory,
-measured (issue 30.9). The words (nodes/attention.py, nodes/everywhere_node.py, README's Patch Attention table):
+"""What the `mode` tooltips (Patch Attention, Tiled Attention Everywhere) and docs/nodes.md say about each tier's memory,
+measured (issue 30.9). The words (nodes/attention.py, nodes/everywhere_node.py, docs/nodes.md's Patch Attention table):
 
-  chunked  fastest tier (a time claim: the README's benchmark, not measured here)
+  chunked  fastest tier (a time claim: docs/benchmarks.md, not measured here)
   inplace  least memory at the default tile size: chunked keeps a second score buffer (P beside S) on a GPU; on the
            CPU (whose chunked softmax writes over its own scores) the two hold about the same
   online   its tiles shrink the furthest (the least it can run with: 16 x 16 scores, the others 16 full rows), so
@@ -114,7 +114,7 @@ CLAIMS = {  # file -> the words the tests above measure (a change of words must 
                            "inplace."],
     "nodes/everywhere_node.py": ["(chunked: fastest; inplace: least memory at the default tile size; online: its "
                                  "tiles shrink the furthest, for when nothing else fits)"],
-    "README.md": ["`inplace` (least memory at the default tile size: chunked keeps a second score buffer on a GPU; "
+    "docs/nodes.md": ["`inplace` (least memory at the default tile size: chunked keeps a second score buffer on a GPU; "
                   "on the CPU the two hold about the same), `online` (its tiles shrink the furthest, so `auto` falls "
                   "back to it when nothing else fits; at the default tile size it holds more than `inplace`)"],
 }
@@ -122,7 +122,7 @@ CLAIMS = {  # file -> the words the tests above measure (a change of words must 
 
 @pytest.mark.parametrize("path", sorted(CLAIMS))
 def test_the_words_are_the_measured_ones(path):
-    """The tooltips and the README say exactly what the tests above measure, and nothing says online is "least
+    """The tooltips and docs/nodes.md say exactly what the tests above measure, and nothing says online is "least
     memory" (it holds more than inplace at the default tile size)."""
     import re
     text = ROOT.joinpath(path).read_text()

@@ -33,7 +33,7 @@ The score that counts is the one AS RUN on a FRESH seed: without --seed a seed i
 with the time and the commit, so it cannot have been used to write the tests it is scored with (tests written for
 the survivors of a sample always score that sample well; a sample drawn after them says how the suite does on
 mutants nobody looked at). Target: >= 90 % as run. Every fresh draw, finished or not, is appended to
-docs/mutation-draws.jsonl in the working tree when the run ends (seed, commit, date, counts), and README.md states
+docs/mutation-draws.jsonl in the working tree when the run ends (seed, commit, date, counts), and docs/development.md states
 each module's LATEST whole-module draw from it, not the best (tests/test_mutate_report.py checks). A run with
 --seed (not logged), a rescored run (--rescore: today's EQUIVALENT list on an older run) and the "without the
 kill tests" column are secondary figures.
@@ -948,8 +948,8 @@ def latest_draw(entries: list, module: str) -> Optional[dict]:
 
 
 def readme_figure(module: str, entry: Optional[dict]) -> str:
-    """The sentence README.md states for a module: its latest whole-module draw (tests/test_mutate_report.py
-    checks that README says exactly this)."""
+    """The sentence docs/development.md states for a module: its latest whole-module draw
+    (tests/test_mutate_report.py checks that it says exactly this)."""
     if entry is None:
         return f"{module}: no fresh draw logged yet"
     k, s, t = entry["killed"], entry["survived"], entry["timeout"]
@@ -1146,7 +1146,7 @@ def main(argv=None):
             if meta["fresh"]:  # every fresh draw, finished or not, whatever it scored
                 append_draws(draw_entries(results, meta, args))
                 figures = "; ".join(readme_figure(m, latest_draw(read_draws(), m)) for m in modules)
-                print(f"[mutate] draw logged in {DRAWS_LOG} (commit it; README must state each module's latest "
+                print(f"[mutate] draw logged in {DRAWS_LOG} (commit it; docs/development.md must state each module's latest "
                       f"whole-module draw: {figures})", file=sys.stderr, flush=True)
     report(results, totals, meta.get("deselected", {}), args, meta=meta)
     return 0
