@@ -98,7 +98,7 @@ def test_the_head_group_mutants_of_ulysses_are_listed_equivalent_as_no_zero_head
     """`g = H // Hkv` as /, %, *, ** or <<: since issue 22.8 zero heads return before this line and zero kv heads
     are refused by the agreement (test_parallel.py's zero-heads test), so g's every mutant here is a multiple of the
     kv-copy count whenever // is, and they are listed equivalent; + and - are not."""
-    path = "attention_core/parallel.py"
+    path = "attention_core/parallel/ulysses.py"
     line = line_of(path, "g = H // Hkv")
     for op in ("/", "%", "*", "**", "<<"):
         assert mutate.equivalent_reason(located(path, line, f"    g = H {op} Hkv"))

@@ -4,7 +4,7 @@ Two levels, as in FlashAttention's flash_attn_interface (raw ops, then autograd,
   forward_canonical / backward_canonical   the canonical layout of problem.py (q5, k4, v4, mask5); the custom
                                            op in autograd.py calls these
   attention_forward / attention_backward   torch's layout ([B, H, L, D], any broadcastable leading dims); the
-                                           per-block calls of ring attention (parallel.py) use these
+                                           per-block calls of ring attention (parallel/) use these
 
 L is the log-sum-exp of the scaled, masked scores, in natural log: L_i = log sum_j exp(s_ij) = m_i + log l_i
 (FlashAttention's L), float32 (float64 for float64 inputs), shape [B, H, Lq]. A row whose every key is masked

@@ -8,7 +8,7 @@ unsupported; docs/engine.md's support table is rendered from the cells (render_t
   transforms  loss.backward() | torch.func grad, jvp, jacfwd, jacrev, hessian, jacrev(jacfwd), vmap |
               torch.autograd.forward_ad dual tensors
   setups      one call (attention_core.scaled_dot_product_attention) | the head split over devices (two CPU
-              "devices") | Ulysses and ring (parallel.py) over a gloo world of 2 processes
+              "devices") | Ulysses and ring (attention_core/parallel/) over a gloo world of 2 processes
 
 The compiled function is attention with a little around it (q * 1.5 before, sin after, causal), the transform is
 applied outside torch.compile (as to a compiled model), and the reference is the same transform of the same function

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import math
 import os
 import pickle
@@ -258,7 +259,8 @@ def traffic_case(rank, world):
     without and with causal (zigzag), and the (query, key) pairs of the blocks its forward computes."""
     import torch.distributed as dist
     from attention_core import parallel
-    sent, real, pairs, real_block = [], dist.isend, [], parallel.block_forward
+    from attention_core.parallel import ring as ring_module  # where ring_attention looks block_forward up
+    sent, real, pairs, real_block = [], dist.isend, [], ring_module.block_forward
 
     def counting(tensor, *args, **kwargs):
         sent.append(tensor.numel() * tensor.element_size())
@@ -271,7 +273,7 @@ def traffic_case(rank, world):
     spec = dict(B=1, H=4, Hkv=2, n=4, D=8, Dv=4)  # n = 4: even, so the causal ring goes zigzag
     q, k, v, dout, _ = build(spec, world, seed=13)
     n, res = spec["n"], {}
-    dist.isend, parallel.block_forward = counting, block
+    dist.isend, ring_module.block_forward = counting, block
     try:
         for causal in (False, True):
             mine = [slice_rows(t, rank, n).clone().requires_grad_(True) for t in (q, k, v)]
@@ -284,7 +286,7 @@ def traffic_case(rank, world):
             res[causal] = (forward, sum(sent))
             res["work", causal] = sum(pairs)
     finally:
-        dist.isend, parallel.block_forward = real, real_block
+        dist.isend, ring_module.block_forward = real, real_block
     return res
 
 
@@ -398,14 +400,15 @@ class _FailInBackward(torch.autograd.Function):
         raise torch.OutOfMemoryError("injected: out of memory on rank 1 in the backward")
 
 
-def _inject(parallel, algo, kind, rank):
+def _inject(module, algo, kind, rank):
     """Make rank 1 run out of memory where `kind` says (a real exception raised inside the call, the others
-    unaware); returns the function that undoes it."""
+    unaware), by replacing a function in `module` (attention_core.parallel.ulysses or .ring, where the call looks
+    it up); returns the function that undoes it."""
     if rank != 1 or "rank1_oom" not in kind:
         return lambda: None
     backward = kind.endswith("backward")
     name = "scaled_dot_product_attention" if algo == "ulysses" else "block_backward" if backward else "block_forward"
-    real, calls = getattr(parallel, name), [0]
+    real, calls = getattr(module, name), [0]
 
     def failing(*a, **kw):
         calls[0] += 1
@@ -419,8 +422,8 @@ def _inject(parallel, algo, kind, rank):
             return (_FailInBackward.apply(res[0]), res[1]) if isinstance(res, tuple) else _FailInBackward.apply(res)
         return res
 
-    setattr(parallel, name, failing)
-    return lambda: setattr(parallel, name, real)
+    setattr(module, name, failing)
+    return lambda: setattr(module, name, real)
 
 
 def recovery_case(algo, kind, rank, world):
@@ -439,7 +442,7 @@ def recovery_case(algo, kind, rank, world):
     if kind.startswith("rank1_") and rank != 1:
         engine = {}
     res = {}
-    undo = _inject(parallel, algo, kind, rank)
+    undo = _inject(importlib.import_module(f"attention_core.parallel.{algo}"), algo, kind, rank)
     t0 = time.perf_counter()
     try:
         mine = [slice_rows(t, rank, n).clone().requires_grad_(True) for t in (q, k, v)]
@@ -614,7 +617,7 @@ def test_merge_partial_of_key_blocks_is_attention_over_all_keys():
     """The ring's merge: partial (out, lse) over disjoint key blocks, merged in either order, give attention and
     lse over all the keys; rows that no block has given a key keep out 0 and lse -inf (no NaN), and a block
     where a row has no key leaves that row as it was."""
-    from attention_core.parallel import block_forward, merge_partial
+    from attention_core.parallel.blocks import block_forward, merge_partial
     g = torch.Generator().manual_seed(3)
     q = torch.randn(2, 3, 5, 8, generator=g, dtype=torch.float64)
     k = torch.randn(2, 3, 12, 8, generator=g, dtype=torch.float64)
@@ -647,7 +650,7 @@ def test_merge_partial_of_key_blocks_is_attention_over_all_keys():
 def test_block_forward_is_attention_with_lse_in_the_accumulation_dtype(dtype):
     """A ring block (GQA by head count, the causal diagonal block): torch's attention and the logsumexp of the
     scores; lse float32, float64 for float64 inputs (docs/multi-gpu.md, return_lse)."""
-    from attention_core.parallel import block_forward
+    from attention_core.parallel.blocks import block_forward
     g = torch.Generator().manual_seed(4)
     q = torch.randn(1, 4, 6, 8, generator=g, dtype=torch.float64)
     k, v = (torch.randn(1, 2, 6, 8, generator=g, dtype=torch.float64) for _ in range(2))
@@ -664,7 +667,7 @@ def test_block_backward_sums_to_torchs_gradients(mask_kind):
     torch's dq, their dk, dv and dmask are torch's for their keys (dmask summed over the mask's broadcast dims,
     in the mask's shape and dtype); without need_dmask no mask gradient is computed. Float64 inputs give float64,
     float32 inputs float32 (the accumulation dtype)."""
-    from attention_core.parallel import block_backward
+    from attention_core.parallel.blocks import block_backward
     g = torch.Generator().manual_seed(5)
     q = torch.randn(2, 4, 5, 8, generator=g, dtype=torch.float64, requires_grad=True)
     k = torch.randn(2, 2, 10, 8, generator=g, dtype=torch.float64, requires_grad=True)
@@ -701,7 +704,7 @@ def test_block_backward_sums_to_torchs_gradients(mask_kind):
 
 def test_input_descriptions_read_as_shapes_and_dtypes():
     """What the disagreement message shows for each rank's q, k, v and mask."""
-    from attention_core.parallel import _describe, _fmt
+    from attention_core.parallel.group import _describe, _fmt
     assert _fmt(_describe(torch.zeros(2, 4, 6, 8))) == "(2, 4, 6, 8) float32"
     assert _fmt(_describe(torch.zeros(6, 8, dtype=torch.float64))) == "(6, 8) float64"
     assert _fmt(_describe(torch.zeros(7, dtype=torch.bool))) == "(7,) bool"
@@ -716,7 +719,7 @@ def test_input_descriptions_read_as_shapes_and_dtypes():
 def test_ring_mask_blocks_are_the_owners_key_columns():
     """Without zigzag each rank holds one chunk: the mask block of owner j's keys is columns j*n .. (j+1)*n of the
     rank's rows; a mask without a row or key dim is passed whole along it."""
-    from attention_core.parallel import _Ring
+    from attention_core.parallel.ring import _Ring
     n, P = 3, 4
     full = torch.arange(2 * 1 * n * n * P, dtype=torch.float64).reshape(2, 1, n, n * P)
     for mask, want in ((full, lambda j: full[..., j * n:(j + 1) * n]),
@@ -858,7 +861,8 @@ def test_one_rank_names_the_mask_dim_that_does_not_broadcast(one_rank, algo):
 def test_with_gloo_the_small_exchanges_go_through_the_cpu(one_rank):
     """gloo carries CPU tensors: the agreement and the error exchange use the CPU whatever device the inputs are on
     (here the meta device, which has no data to send: the call still agrees, rejects or runs)."""
-    from attention_core.parallel import _comm_device, ring_attention, ulysses_attention
+    from attention_core.parallel import ring_attention, ulysses_attention
+    from attention_core.parallel.group import _comm_device
     q = torch.randn(1, 4, 6, 8, device="meta")
     assert _comm_device(None, q) == torch.device("cpu")
     for fn in (ulysses_attention, ring_attention):
@@ -944,7 +948,7 @@ def test_every_rank(groups, world, algo, case):
 
 def test_zigzag_balances_causal_work():
     """Causal ring: with the zigzag layout every rank attends the same number of (query, key) pairs."""
-    from attention_core.parallel import _Ring, zigzag_chunks
+    from attention_core.parallel.ring import _Ring, zigzag_chunks
 
     def work(seg, P, chunks_of=None):
         ring = _Ring(None, 0, P, seg, 1, True, 1.0, None, {})

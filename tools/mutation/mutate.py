@@ -108,7 +108,7 @@ BY_FILE = [
                                  E + "test_patch_concurrency.py", E + "test_compiled_counts.py"]),
     ("attention_core/ffn/", [E + "test_ffn_chunking.py", E + "test_ffn_compile.py", E + "test_coverage_ffn_patch.py",
                              KILLS, FRESH_KILLS]),
-    ("attention_core/parallel.py", [E + "test_parallel.py", E + "test_parallel_kv_copies.py", E + "test_autocast.py"]),
+    ("attention_core/parallel/", [E + "test_parallel.py", E + "test_parallel_kv_copies.py", E + "test_autocast.py"]),
     ("attention_core/selfcheck.py", [E + "test_detection.py", E + "test_coverage_cli_device.py",
                                      E + "test_torch_yardstick.py", KILLS]),
     ("nodes/__init__.py", [NODES, ROUTING, EVERYWHERE, ADAPTER_KILLS, SCHEMAS]),  # the extension: nodes, backend, env
@@ -132,7 +132,7 @@ BY_FILE = [
 ]
 # files whose tests run them in worker processes (torch.distributed groups) that the coverage run does not trace:
 # their mutants run the file's BY_FILE selection instead of the tests coverage saw on the line (none)
-SUBPROCESS_TESTED = {"attention_core/parallel.py"}
+SUBPROCESS_TESTED = ("attention_core/parallel/",)  # path prefixes
 # test files about the patch, FFN and detection only: not run against mutants of the attention math
 NOT_CORE = {E + "test_detection.py", E + "test_ffn_chunking.py", E + "test_global_patch.py"}
 # slow test files (real transformers/diffusers models) left out of the engine selection, and slow tests
@@ -198,7 +198,7 @@ EQUIVALENT = [
      "if p.causal and j1 - 1 > i0 + p.causal_offset:  # some key in the tile is right of some row's diagonal",
      "if p.causal and j1 // 1 > i0 + p.causal_offset:  # some key in the tile is right of some row's diagonal",
      "the test only skips a no-op: with j1 - 1 == i0 + offset no key is right of any row's diagonal"),
-    ("attention_core/parallel.py::_agree", "meta += [0.0] * (_META - len(meta))", "meta += [0.0] * (_META + len(meta))",
+    ("attention_core/parallel/group.py::_agree", "meta += [0.0] * (_META - len(meta))", "meta += [0.0] * (_META + len(meta))",
      "only more zero padding, which meta[:_META] cuts off on the next line"),
     ("attention_core/ffn/exactness.py::_close",
      "if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape \\",
@@ -212,7 +212,7 @@ EQUIVALENT = [
     ("attention_core/kernel/tiles.py::TileSource.scores",
      "kt = k[:, :, j0:j1].transpose(-1, -2)", "kt = k[:, :, j0:j1].transpose(-1, 2)",
      "k is always 4-D (B, Hkv, Lk, E), so dim 2 is dim -2"),
-    ("attention_core/parallel.py::flash_layout_attention",
+    ("attention_core/parallel/flash_layout.py::flash_layout_attention",
      "if tuple(window_size) != (-1, -1) or softcap or alibi_slopes is not None or return_attn_probs:",
      "if tuple(window_size) > (-1, -1) or softcap or alibi_slopes is not None or return_attn_probs:",
      "flash-attn window sizes are -1 (unbounded) or >= 0, and every such pair other than (-1, -1) compares "
@@ -278,7 +278,7 @@ EQUIVALENT += [
      'return {"chunked": (1 if cpu else 2) * isz, "inplace": isz, "online": isz + 2 * 4}[tier]',
      'return {"chunked": (1 if cpu else 2) * isz, "inplace": isz, "online": isz ^ 2 * 4}[tier]',
      "isz is 2 or 4 (the line above), whose bits do not overlap 8's: isz ^ 8 == isz + 8"),
-    ("attention_core/parallel.py::block_backward", "gqa = q.shape[1] != k.shape[1]",
+    ("attention_core/parallel/blocks.py::block_backward", "gqa = q.shape[1] != k.shape[1]",
      "gqa = q.shape[1] is not k.shape[1]",
      "head counts that differ are never the same object, so the mutant is True whenever the original is; it is "
      "also True for equal counts above 256 (ints CPython does not cache), and enable_gqa with as many kv heads as "
@@ -343,7 +343,7 @@ EQUIVALENT += [
     ("attention_core/estimate.py::layer_flops", '"cross_proj": 2 * 2.0 * n * c * c + 2 * 2.0 * text * c * c,',
      '"cross_proj": 2 * 2.0 * n * c * c + 2 ** 2.0 * text * c * c,',
      "2 * 2.0 and 2 ** 2.0 are both 4.0 (two matmul FLOPs a multiply-add, times 2 projections or GEMMs)"),
-    ("attention_core/parallel.py::block_forward",
+    ("attention_core/parallel/blocks.py::block_forward",
      "enable_gqa=q.shape[1] != k.shape[1], **engine_kwargs)",
      "enable_gqa=q.shape[1] > k.shape[1], **engine_kwargs)",
      "only the ring calls it, after _agreed refused q heads that are not a multiple of the kv heads and "
@@ -353,20 +353,20 @@ EQUIVALENT += [
      "dropout_seed=1, out_shape=(), squeeze_2d=False).head_index()",
      "this AttentionProblem is built only for head_index(), which reads B, Hkv, G, heads_total and head_offset, "
      "never the seed (the seed the dropout uses is seed_int, read from the op's seed tensor below)"),
-    ("attention_core/parallel.py::ulysses_attention",
+    ("attention_core/parallel/ulysses.py::ulysses_attention",
      "rep = rep if g % rep == 0 else g", "rep = rep if g % rep <= 0 else g",
      "g % rep is never negative"),
-    ("attention_core/parallel.py::ulysses_attention",
+    ("attention_core/parallel/ulysses.py::ulysses_attention",
      "rep = rep if g % rep == 0 else g", "rep = rep if g % rep >= 0 else g",
      "the else is unreachable: P divides H = Hkv * g, so rep = P // gcd(Hkv, P) divides g"),
-] + [("attention_core/parallel.py::ulysses_attention", "g = H // Hkv", f"g = H {op} Hkv",
+] + [("attention_core/parallel/ulysses.py::ulysses_attention", "g = H // Hkv", f"g = H {op} Hkv",
        "g only decides `rep if g % rep == 0 else g`, and only H >= 1 query heads over Hkv >= 1 kv heads with "
        "Hkv | H reach this line (zero heads return torch's empty result before it, zero kv heads are a ValueError "
        "of the agreement: issue 22.8). The true g = H / Hkv is a multiple of rep = P // gcd(Hkv, P) (P | H = Hkv "
        "g), and so is each mutant: H / Hkv as a float, H % Hkv = 0, H * Hkv, H ** Hkv and H << Hkv are multiples "
        "of H or 0, so the test stays true and rep is the same") for op in ("/", "%", "*", "**", "<<")
     # `*`, `**`, `<<` were not listed while zero kv heads reached this line (// raised there, they gave a number)
-] + [("attention_core/parallel.py::ulysses_attention",
+] + [("attention_core/parallel/ulysses.py::ulysses_attention",
       "if Hkv % P:  # fewest kv-head copies so that kv heads split with their query heads",
       f"if Hkv {op} P:  # fewest kv-head copies so that kv heads split with their query heads",
       "the test only skips a no-op: with P | Hkv, rep = P // gcd(Hkv, P) = 1 and _repeat_kv returns k itself; the "
@@ -428,10 +428,10 @@ EQUIVALENT += [
        f"if mask.dim() >= 3 and mask.shape[-3] == q_heads and q_heads {op}:",
        "with one query head there is one group, and its slice [..., 0:1, :, :] of a mask whose head dim is 1 is "
        "the whole mask") for op in (">= 1", "> 0")
-] + [("attention_core/parallel.py::<module>", "_META = 40", f"_META = {x}",
+] + [("attention_core/parallel/group.py::<module>", "_META = 40", f"_META = {x}",
       "the description has 30 entries and every rank pads to the same length: only zero padding changes")
      for x in ("41", "39")
-] + [("attention_core/parallel.py::_describe", "code = _DTYPES.index(t.dtype) if t.dtype in _DTYPES else 9",
+] + [("attention_core/parallel/group.py::_describe", "code = _DTYPES.index(t.dtype) if t.dtype in _DTYPES else 9",
       f"code = _DTYPES.index(t.dtype) if t.dtype in _DTYPES else {x}",
       "any code from 5 up prints as \"other\" and equals no listed dtype's code; every rank computes the same")
      for x in ("10", "8")
@@ -461,7 +461,7 @@ EQUIVALENT += [
        "833 (4290 and 32760 tokens)")
       for name, model, f, h in (("wan22-5b-480p", "wan22-5b", 41, 24), ("wan-14b-480p", "wan-14b", 81, 40))
       for w in (831, 833)
-] + [("attention_core/parallel.py::ulysses_attention",
+] + [("attention_core/parallel/ulysses.py::ulysses_attention",
       before, before.replace("mask.shape[2] > 1", "mask.shape[2] != 1"),
       "mask.shape[2] is 1 or n (_mask4 checks it), so `!= 1` differs from `> 1` only with n = 0 query rows, where "
       "every tensor is empty: sending the empty mask through the all-to-all or the row gather gives the same empty "
@@ -993,7 +993,7 @@ def run_module(tree: Path, module: str, ms: list, args, meta: dict, save):
     for n, m in enumerate(ms, 1):
         if m.outcome == "pending":
             tests = args.tests or tests_for(module, m.path, tree)
-            if lines is not None and m.path not in SUBPROCESS_TESTED:
+            if lines is not None and not m.path.startswith(SUBPROCESS_TESTED):
                 ids = covering_tests(m, lines, deselected[module])
                 if not ids and not any(m.path.startswith(prefix) for prefix, _ in BY_FILE):
                     m.outcome, m.why = "survived", "no test runs this line"
