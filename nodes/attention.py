@@ -94,22 +94,27 @@ class PatchAttention(io.ComfyNode):
         return io.NodeOutput(m)
 
 
-class PatchAttentionCLIP(io.ComfyNode):
-    NODE = "Patch Attention (CLIP, tiled)"
+class _PatchObject(io.ComfyNode):
+    """Patch Attention for an object other than the MODEL: the object in (input INPUT of type SOCKET) and out,
+    then the settings every Patch Attention node shares, with min_tokens 0. Subclasses name the object and
+    execute its patch."""
+    NODE = NODE_ID = INPUT = WHAT = TOOLTIP = DESCRIPTION = ""
+    SOCKET = None
 
     @classmethod
     def define_schema(cls):
-        return io.Schema(
-            node_id="TiledAttentionPatchCLIP",
-            display_name=cls.NODE,
-            category=CATEGORY,
-            description=("Runs the text encoder's attention (UMT5 for Wan, Gemma 3 for LTX-2.3, T5, CLIP, Llama, "
-                         "Qwen) through exact tiled attention, on a clone of the CLIP: the same text encoder "
-                         "elsewhere in the graph is untouched, and nothing stays patched after the prompt."),
-            inputs=[io.Clip.Input("clip", tooltip="The text encoder (CLIP output of a CLIP / text encoder loader).")]
-            + settings_inputs(0, "text encoder"),
-            outputs=[io.Clip.Output()],
-        )
+        return io.Schema(node_id=cls.NODE_ID, display_name=cls.NODE, category=CATEGORY, description=cls.DESCRIPTION,
+                         inputs=[cls.SOCKET.Input(cls.INPUT, tooltip=cls.TOOLTIP)] + settings_inputs(0, cls.WHAT),
+                         outputs=[cls.SOCKET.Output()])
+
+
+class PatchAttentionCLIP(_PatchObject):
+    NODE, NODE_ID = "Patch Attention (CLIP, tiled)", "TiledAttentionPatchCLIP"
+    SOCKET, INPUT, WHAT = io.Clip, "clip", "text encoder"
+    TOOLTIP = "The text encoder (CLIP output of a CLIP / text encoder loader)."
+    DESCRIPTION = ("Runs the text encoder's attention (UMT5 for Wan, Gemma 3 for LTX-2.3, T5, CLIP, Llama, Qwen) "
+                   "through exact tiled attention, on a clone of the CLIP: the same text encoder elsewhere in the "
+                   "graph is untouched, and nothing stays patched after the prompt.")
 
     @classmethod
     def execute(cls, clip, mode, memory_budget_mb, half_precision, min_tokens) -> io.NodeOutput:
@@ -117,22 +122,13 @@ class PatchAttentionCLIP(io.ComfyNode):
                                                             min_tokens)))
 
 
-class PatchAttentionVAE(io.ComfyNode):
-    NODE = "Patch Attention (VAE, tiled)"
-
-    @classmethod
-    def define_schema(cls):
-        return io.Schema(
-            node_id="TiledAttentionPatchVAE",
-            display_name=cls.NODE,
-            category=CATEGORY,
-            description=("Runs the VAE's attention blocks (Wan 2.1/2.2, SD, SDXL, Flux, HunyuanVideo VAEs) through "
-                         "exact tiled attention, on a copy of the VAE: the input VAE is untouched. VAEs without "
-                         "attention blocks (the LTX video VAE) pass through unchanged."),
-            inputs=[io.Vae.Input("vae", tooltip="The VAE (VAE output of a VAE or checkpoint loader).")]
-            + settings_inputs(0, "VAE"),
-            outputs=[io.Vae.Output()],
-        )
+class PatchAttentionVAE(_PatchObject):
+    NODE, NODE_ID = "Patch Attention (VAE, tiled)", "TiledAttentionPatchVAE"
+    SOCKET, INPUT, WHAT = io.Vae, "vae", "VAE"
+    TOOLTIP = "The VAE (VAE output of a VAE or checkpoint loader)."
+    DESCRIPTION = ("Runs the VAE's attention blocks (Wan 2.1/2.2, SD, SDXL, Flux, HunyuanVideo VAEs) through exact "
+                   "tiled attention, on a copy of the VAE: the input VAE is untouched. VAEs without attention blocks "
+                   "(the LTX video VAE) pass through unchanged.")
 
     @classmethod
     def execute(cls, vae, mode, memory_budget_mb, half_precision, min_tokens) -> io.NodeOutput:

@@ -21,19 +21,15 @@ tests skip (fail under CI=true).
 import glob
 import json
 import os
-import shutil
-import tempfile
 import time
 import urllib.parse
 import urllib.request
 
 import pytest
 
-from comfy_harness import missing
-from tools.comfyui_setup.comfyui import FRONTENDS, LATEST, OLDEST, ROOT, comfy_path
-from tools.comfyui_setup.comfy_server import ComfyServer
-from tools.demo.frontend_page import (CHROMIUM, INIT_SCRIPT, JS_FIT, JS_FULL_DETAIL, JS_READY, LAUNCH_FLAGS, VIEWPORT,
-                                 pinned_frontend, settings, write_placeholders)
+from browser_harness import UI_TIMEOUT_MS, chromium, load_app, load_json, start_server
+from tools.comfyui_setup.comfyui import LATEST, OLDEST, ROOT
+from tools.demo.frontend_page import INIT_SCRIPT, JS_FIT, VIEWPORT, write_placeholders
 
 ARTIFACTS = os.path.join(ROOT, "test-artifacts", "browser")
 WORKFLOWS = sorted(glob.glob(os.path.join(ROOT, "workflows", "*.json")))
@@ -44,10 +40,6 @@ DOCUMENTED = ["LTX-2.3 Image to Video 720p", "LTX-2.3 Text to Video 1080p", "LTX
 MODULE = "tiled-attention"  # the folder name ComfyServer gives this repository in custom_nodes
 PACK_NODES = {"TiledAttentionPatch": "Patch Attention (tiled)", "TiledFFNChunking": "FFN Chunking"}
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
-# the stock templates' thumbnails (hundreds of animated images and videos under /templates/) are not fetched:
-# decoding them starves a 2-core machine and they are not what is tested (the pack's cards show their default)
-STOCK_THUMBNAILS = [f"**/templates/*.{ext}" for ext in ("webp", "png", "jpg", "jpeg", "gif", "mp4", "webm", "mp3")]
-UI_TIMEOUT_MS = 60_000  # any one step in the page (a dialog opening, a click landing), generous for 2 busy cores
 
 # ---- page-side helpers (run in the browser) -------------------------------------------------------------
 # a drag from the desktop ends with dragover + drop; the point is one over no node (a node under the cursor
@@ -99,49 +91,16 @@ JS_ACTIVE_WORKFLOW = """() => { const w = %s.get('workflow').activeWorkflow;
     return {name: w?.filename ?? null, new: w !== window.__testBefore}; }""" % JS_STORES
 
 
-def _require_browser():
-    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
-        missing(f"no Chromium at {CHROMIUM} (apt-get install chromium fonts-wqy-microhei, or set CHROMIUM_PATH); "
-                "./dev test installs Debian's package when run as root")
-    try:
-        import playwright.sync_api  # noqa: F401
-    except Exception as e:  # noqa: BLE001 - any import problem means: no browser tests here
-        missing(f"the playwright Python package is unusable here: {e!r}")
-
-
-def _post_json(url, payload):
-    req = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return r.status
-
-
-def _load(path):
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
-
-
 @pytest.fixture(scope="module", params=[OLDEST, LATEST], ids=[f"comfyui-{v}" for v in (OLDEST, LATEST)])
 def server(request, tmp_path_factory):
     """A stock ComfyUI server of one version with this pack (and no other custom node), the frontend that
     version pins, and the frontend's first-run popups off."""
     version = request.param
-    _require_browser()
-    comfy = comfy_path(version)
-    if comfy is None:
-        missing(f"no ComfyUI {version}: run the suite with ./dev test (it sets up the stock ComfyUIs)")
-    frontend = pinned_frontend(comfy)
-    if version in FRONTENDS and not os.path.isdir(FRONTENDS[version]):
-        missing(f"no frontend {frontend} for ComfyUI {version} at {FRONTENDS[version]}: run ./dev setup")
-    base = tmp_path_factory.mktemp(f"comfy-browser-{version}")
-    write_placeholders(str(base), WORKFLOWS)
-    srv = ComfyServer(base, version=version, extra_custom_nodes=())
     t0 = time.time()
-    srv.start()
+    srv = start_server(version, tmp_path_factory.mktemp(f"comfy-browser-{version}"),
+                       prepare=lambda srv: write_placeholders(str(srv.base), WORKFLOWS))
     srv.start_s = time.time() - t0
-    srv.frontend = frontend
     srv.artifacts = os.path.join(ARTIFACTS, f"comfyui-{version}")
-    assert _post_json(srv.url + "/settings", settings(frontend)) == 200
     yield srv
     srv.stop()
 
@@ -153,52 +112,16 @@ def object_info(server):
 
 @pytest.fixture(scope="module")
 def page(server):
-    from playwright.sync_api import Error as PlaywrightError
-    from playwright.sync_api import sync_playwright
-
     os.makedirs(server.artifacts, exist_ok=True)
-    profile = tempfile.mkdtemp(prefix="chromium-profile-")
-    console = []
-    try:
-        pw = sync_playwright().start()
-    except Exception as e:  # noqa: BLE001
-        shutil.rmtree(profile, ignore_errors=True)
-        missing(f"playwright could not start its driver: {e!r}")
-    try:
-        ctx = pw.chromium.launch_persistent_context(
-            profile, executable_path=CHROMIUM, headless=True, args=LAUNCH_FLAGS, viewport=VIEWPORT, timeout=60_000)
-    except PlaywrightError as e:
-        pw.stop()
-        shutil.rmtree(profile, ignore_errors=True)
-        missing(f"Chromium at {CHROMIUM} would not start under playwright: {str(e)[:800]}")
-    try:
-        ctx.add_init_script(INIT_SCRIPT)
-        for pattern in STOCK_THUMBNAILS:  # matched by the driver: other requests never wait on Python
-            ctx.route(pattern, lambda route: route.abort())
-        pg = ctx.pages[0] if ctx.pages else ctx.new_page()
-        pg.on("console", lambda m: console.append(f"[{m.type}] {m.text}"))
-        pg.on("pageerror", lambda e: console.append(f"[pageerror] {e}"))
-        pg.console = console
+    with chromium(VIEWPORT, INIT_SCRIPT, os.path.join(server.artifacts, "console.log")) as (_ctx, pg):
         pg.version = server.version
         pg.artifacts = server.artifacts
         t0 = time.time()
-        pg.goto(server.url + "/", wait_until="load", timeout=90_000)
-        try:
-            pg.wait_for_function(JS_READY, timeout=90_000, polling=200)
-        except PlaywrightError:
-            pg.screenshot(path=os.path.join(server.artifacts, "startup-failure.png"))
-            raise AssertionError("the ComfyUI frontend did not come up:\n" + "\n".join(console[-40:]))
+        load_app(pg, server.url, os.path.join(server.artifacts, "startup-failure.png"))
         pg.ready_s = time.time() - t0
-        pg.evaluate(JS_FULL_DETAIL)
         # nothing open at the start (first-run templates dialog, release notes...)
         assert _dialogs(pg) == [], _dialogs(pg)
         yield pg
-    finally:
-        with open(os.path.join(server.artifacts, "console.log"), "w") as f:
-            f.write("\n".join(console))
-        ctx.close()
-        pw.stop()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 # ---- helpers --------------------------------------------------------------------------------------------
@@ -335,7 +258,7 @@ def test_frontend_is_the_pinned_one(server, page):
 @pytest.mark.parametrize("path", WORKFLOWS, ids=IDS)
 def test_drop_workflow_file(page, object_info, path):
     name = os.path.basename(path)[:-5]
-    wf = _load(path)
+    wf = load_json(path)
     with open(path, encoding="utf-8") as f:
         text = f.read()
     _mark(page)
@@ -353,13 +276,13 @@ def test_server_lists_pack_templates(server):
     for name in IDS:  # and serves each file where the frontend's templates dialog fetches it
         url = f"{server.url}/api/workflow_templates/{MODULE}/{urllib.parse.quote(name)}.json"
         with urllib.request.urlopen(url, timeout=30) as r:
-            assert json.loads(r.read()) == _load(os.path.join(ROOT, "workflows", name + ".json"))
+            assert json.loads(r.read()) == load_json(os.path.join(ROOT, "workflows", name + ".json"))
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=IDS)
 def test_open_from_templates_dialog(page, object_info, path):
     name = os.path.basename(path)[:-5]
-    wf = _load(path)
+    wf = load_json(path)
     _mark(page)
     page.locator(".templates-tab-button").click(timeout=UI_TIMEOUT_MS)  # the side bar's Templates button
     page.wait_for_selector('[data-testid="template-workflows-content"]', timeout=UI_TIMEOUT_MS)

@@ -29,26 +29,19 @@ and the playwright package as tests/browser/test_browser.py does; without them t
 import json
 import os
 import re
-import shutil
-import tempfile
 import time
-import urllib.request
 
 import pytest
 
-from comfy_harness import missing
-from tools.comfyui_setup.comfyui import FRONTENDS, LATEST, OLDEST, ROOT, comfy_path
-from tools.comfyui_setup.comfy_server import ComfyServer
-from tools.demo.frontend_page import (CHROMIUM, INIT_SCRIPT, JS_FULL_DETAIL, JS_READY, LAUNCH_FLAGS, VIEWPORT,
-                                      pinned_frontend, settings)
+from browser_harness import UI_TIMEOUT_MS, chromium, load_app, load_json, post_json, start_server
+from tools.comfyui_setup.comfyui import LATEST, OLDEST, ROOT
+from tools.demo.frontend_page import INIT_SCRIPT, VIEWPORT
 
 ARTIFACTS = os.path.join(ROOT, "test-artifacts", "browser-help-locale")
 NODE = "TiledAttentionPatch"
 DISPLAY = "Patch Attention (tiled)"
 TOOLTIP_WIDGET = "memory_budget_mb"
 LANGS = ("ja", "ru")
-UI_TIMEOUT_MS = 60_000
-STOCK_THUMBNAILS = [f"**/templates/*.{ext}" for ext in ("webp", "png", "jpg", "jpeg", "gif", "mp4", "webm", "mp3")]
 JS_STORES = "document.querySelector('#vue-app').__vue_app__.config.globalProperties"
 # the app starts on an empty graph (the workflow it restores from localStorage) instead of its default one, whose
 # missing model files would put an error overlay over the screenshots
@@ -119,28 +112,6 @@ JS_HELP_TEXT = """() => [...document.querySelectorAll('.node-help-content')]
     .filter(e => e.getClientRects().length).map(e => e.innerText).join('\\n')"""
 
 
-def _require_browser():
-    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
-        missing(f"no Chromium at {CHROMIUM} (apt-get install chromium fonts-wqy-microhei, or set CHROMIUM_PATH); "
-                "./dev test installs Debian's package when run as root")
-    try:
-        import playwright.sync_api  # noqa: F401
-    except Exception as e:  # noqa: BLE001 - any import problem means: no browser tests here
-        missing(f"the playwright Python package is unusable here: {e!r}")
-
-
-def _post_json(url, payload):
-    req = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return r.status
-
-
-def _load_json(path):
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
-
-
 def _page_text(lang=None):
     path = os.path.join(ROOT, "web", "docs", f"{NODE}.md" if lang is None else os.path.join(NODE, f"{lang}.md"))
     with open(path, encoding="utf-8") as f:
@@ -174,20 +145,10 @@ def _write_other_pack(custom_nodes):
 @pytest.fixture(scope="module", params=[OLDEST, LATEST], ids=[f"comfyui-{v}" for v in (OLDEST, LATEST)])
 def server(request, tmp_path_factory):
     version = request.param
-    _require_browser()
-    comfy = comfy_path(version)
-    if comfy is None:
-        missing(f"no ComfyUI {version}: run the suite with ./dev test (it sets up the stock ComfyUIs)")
-    frontend = pinned_frontend(comfy)
-    if version in FRONTENDS and not os.path.isdir(FRONTENDS[version]):
-        missing(f"no frontend {frontend} for ComfyUI {version} at {FRONTENDS[version]}: run ./dev setup")
-    srv = ComfyServer(tmp_path_factory.mktemp(f"comfy-help-{version}"), version=version, extra_custom_nodes=())
-    _write_other_pack(os.path.join(srv.base, "custom_nodes"))
-    srv.start()
-    srv.frontend = frontend
+    srv = start_server(version, tmp_path_factory.mktemp(f"comfy-help-{version}"),
+                       prepare=lambda srv: _write_other_pack(os.path.join(srv.base, "custom_nodes")))
     srv.artifacts = os.path.join(ARTIFACTS, f"comfyui-{version}")
     os.makedirs(srv.artifacts, exist_ok=True)
-    assert _post_json(srv.url + "/settings", settings(frontend)) == 200
     yield srv
     srv.stop()
 
@@ -195,54 +156,18 @@ def server(request, tmp_path_factory):
 @pytest.fixture(scope="module")
 def browser(server):
     """A Chromium page; open(locale, **settings) saves the settings, (re)loads the app and waits until it is up."""
-    from playwright.sync_api import Error as PlaywrightError
-    from playwright.sync_api import sync_playwright
-
-    profile = tempfile.mkdtemp(prefix="chromium-profile-")
-    console = []
-    try:
-        pw = sync_playwright().start()
-    except Exception as e:  # noqa: BLE001
-        shutil.rmtree(profile, ignore_errors=True)
-        missing(f"playwright could not start its driver: {e!r}")
-    try:
-        ctx = pw.chromium.launch_persistent_context(
-            profile, executable_path=CHROMIUM, headless=True, args=LAUNCH_FLAGS, viewport=VIEWPORT, timeout=60_000)
-    except PlaywrightError as e:
-        pw.stop()
-        shutil.rmtree(profile, ignore_errors=True)
-        missing(f"Chromium at {CHROMIUM} would not start under playwright: {str(e)[:800]}")
-    try:
-        ctx.add_init_script(INIT_SCRIPT + ";\n" + START_EMPTY)
-        for pattern in STOCK_THUMBNAILS:
-            ctx.route(pattern, lambda route: route.abort())
-        pg = ctx.pages[0] if ctx.pages else ctx.new_page()
-        pg.on("console", lambda m: console.append(f"[{m.type}] {m.text}"))
-        pg.on("pageerror", lambda e: console.append(f"[pageerror] {e}"))
-
+    with chromium(VIEWPORT, INIT_SCRIPT + ";\n" + START_EMPTY, os.path.join(server.artifacts, "console.log")) \
+            as (_ctx, pg):
         def open_app(locale, **more_settings):
             for key, value in {"Comfy.Locale": locale, **more_settings}.items():
-                assert _post_json(f"{server.url}/settings/{key}", value) == 200
-            pg.goto(server.url + "/", wait_until="load", timeout=90_000)
-            try:
-                pg.wait_for_function(JS_READY, timeout=90_000, polling=200)
-            except PlaywrightError:
-                pg.screenshot(path=os.path.join(server.artifacts, f"startup-failure-{locale}.png"))
-                raise AssertionError("the ComfyUI frontend did not come up:\n" + "\n".join(console[-40:]))
-            pg.evaluate(JS_FULL_DETAIL)
+                assert post_json(f"{server.url}/settings/{key}", value) == 200
+            load_app(pg, server.url, os.path.join(server.artifacts, f"startup-failure-{locale}.png"))
             got = pg.evaluate("() => app.extensionManager.setting.get('Comfy.Locale')")
             assert got == locale, f"the frontend runs in {got!r}, not {locale!r}"
             return pg
 
         pg.open_app = open_app
-        pg.console = console
         yield pg
-    finally:
-        with open(os.path.join(server.artifacts, "console.log"), "w") as f:
-            f.write("\n".join(console))
-        ctx.close()
-        pw.stop()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 # ---- helpers ------------------------------------------------------------------------------------------------
@@ -338,7 +263,7 @@ def test_help_page_opens_from_the_node_library(server, browser):
     row.locator(".help-button").click(timeout=UI_TIMEOUT_MS)
     _wait_help(pg, None, f"ComfyUI {server.version}, the node library's help button")
     _shot(pg, server, "help-node-library-en")
-    _post_json(f"{server.url}/settings/Comfy.NodeLibrary.NewDesign", True)  # back to the default for later loads
+    post_json(f"{server.url}/settings/Comfy.NodeLibrary.NewDesign", True)  # back to the default for later loads
 
 
 def _translated(pg, key):
@@ -364,7 +289,7 @@ def _check_script_acted_only_where_needed(pg, server, langs):
 
 @pytest.mark.parametrize("lang", LANGS)
 def test_nodes_show_their_translated_names_and_tooltips(server, browser, lang):
-    node_defs = _load_json(os.path.join(ROOT, "locales", lang, "nodeDefs.json"))[NODE]
+    node_defs = load_json(os.path.join(ROOT, "locales", lang, "nodeDefs.json"))[NODE]
     served = server.get("/i18n")[lang]["nodeDefs"][NODE]
     assert served == node_defs, f"the server's /i18n does not carry locales/{lang}/nodeDefs.json"
     pg = browser.open_app(lang)
@@ -381,7 +306,7 @@ def test_nodes_show_their_translated_names_and_tooltips(server, browser, lang):
     _library_search(pg, node_defs["display_name"])
     row = pg.locator(".side-bar-panel [role='treeitem']", has_text=node_defs["display_name"]).first
     row.wait_for(state="visible", timeout=UI_TIMEOUT_MS)
-    category = _load_json(os.path.join(ROOT, "locales", lang, "main.json"))["nodeCategories"]["attention"]
+    category = load_json(os.path.join(ROOT, "locales", lang, "main.json"))["nodeCategories"]["attention"]
     assert pg.locator(".side-bar-panel [role='treeitem']", has_text=category).count() >= 1
     _hover_widget(pg)
     _shot(pg, server, f"node-{lang}-library")
@@ -395,7 +320,7 @@ def test_without_the_script_only_the_fixed_frontend_translates(server, browser, 
     """The pack's script disabled through the frontend's own setting: 1.32.9 shows the node in English although
     /i18n serves its translation and the frontend has its own messages of that language (the bug the script works
     around); 1.49.6 shows it translated (the script is not needed there)."""
-    node_defs = _load_json(os.path.join(ROOT, "locales", lang, "nodeDefs.json"))[NODE]
+    node_defs = load_json(os.path.join(ROOT, "locales", lang, "nodeDefs.json"))[NODE]
     try:
         pg = browser.open_app(lang, **{"Comfy.Extension.Disabled": [SCRIPT]})
         assert _translated(pg, "nodeDefs.KSampler.display_name"), f"the frontend has no {lang} messages of its own"
@@ -408,7 +333,7 @@ def test_without_the_script_only_the_fixed_frontend_translates(server, browser, 
             assert got["title"] == node_defs["display_name"], got
             assert got["widgets"][TOOLTIP_WIDGET] == node_defs["inputs"][TOOLTIP_WIDGET]["name"], got
     finally:
-        assert _post_json(f"{server.url}/settings/Comfy.Extension.Disabled", []) == 200
+        assert post_json(f"{server.url}/settings/Comfy.Extension.Disabled", []) == 200
 
 
 def test_translations_follow_a_language_switch(server, browser):
@@ -416,7 +341,7 @@ def test_translations_follow_a_language_switch(server, browser):
     node's widget labels and its tooltip come out in Russian. Its title is not checked: both frontends refresh the node
     definitions as the switch starts, and when that ends before the new language has loaded, every node (the core
     ones too) keeps the previous language's name until the next refresh or reload."""
-    node_defs = _load_json(os.path.join(ROOT, "locales", "ru", "nodeDefs.json"))[NODE]
+    node_defs = load_json(os.path.join(ROOT, "locales", "ru", "nodeDefs.json"))[NODE]
     pg = browser.open_app("ja")
     pg.evaluate("() => app.extensionManager.setting.set('Comfy.Locale', 'ru')")
     pg.wait_for_function(f"() => {JS_STORES}.$i18n.locale === 'ru'", timeout=UI_TIMEOUT_MS, polling=100)
@@ -438,7 +363,7 @@ def test_translations_when_the_language_loads_late(server, browser):
     the ja nodeDefs chunk until then, as a slow connection to a remote ComfyUI would): once they arrive, a new node's
     widget labels and its tooltip are in Japanese. (Its title was registered before, in English, as every core
     node's; it is not checked.)"""
-    node_defs = _load_json(os.path.join(ROOT, "locales", "ja", "nodeDefs.json"))[NODE]
+    node_defs = load_json(os.path.join(ROOT, "locales", "ja", "nodeDefs.json"))[NODE]
     held = []
 
     def hold_ja_chunk(route):

@@ -24,10 +24,7 @@ tests skip (fail under CI=true).
 """
 import glob
 import hashlib
-import json
 import os
-import shutil
-import tempfile
 import time
 import urllib.parse
 import urllib.request
@@ -35,11 +32,9 @@ import urllib.request
 import pytest
 
 import workflow_schema as ws
-from comfy_harness import missing
-from tools.comfyui_setup.comfyui import FRONTENDS, LATEST, OLDEST, ROOT, comfy_path
-from tools.comfyui_setup.comfy_server import ComfyServer
-from tools.demo.frontend_page import (CHROMIUM, INIT_SCRIPT, JS_FULL_DETAIL, JS_READY, LAUNCH_FLAGS,
-                                      pinned_frontend, settings)
+from browser_harness import UI_TIMEOUT_MS, chromium, load_app, load_json, start_server
+from tools.comfyui_setup.comfyui import LATEST, OLDEST, ROOT
+from tools.demo.frontend_page import INIT_SCRIPT
 from tools.template_cards import SIZE as CARD_SIZE
 
 ARTIFACTS = os.path.join(ROOT, "test-artifacts", "templates")
@@ -48,8 +43,6 @@ IDS = [os.path.basename(p)[:-5] for p in WORKFLOWS]
 MODULE = "tiled-attention"  # the folder name ComfyServer gives this repository in custom_nodes
 VIEWPORT = {"width": 1280, "height": 800}  # a laptop screen, and what the README's screenshots show
 CARDS_VIEWPORT = {"width": 1440, "height": 900}  # the six cards in two rows of the Templates browser
-STOCK_THUMBNAILS = [f"**/templates/*.{ext}" for ext in ("webp", "png", "jpg", "jpeg", "gif", "mp4", "webm", "mp3")]
-UI_TIMEOUT_MS = 60_000
 JS_STORES = "document.querySelector('#vue-app').__vue_app__.config.globalProperties.$pinia._s"
 
 # each card as shown: its test id, title, whether the title is clipped, and its picture (bytes hashed in the page)
@@ -118,21 +111,6 @@ JS_ACTIVE = """() => { const w = %s.get('workflow').activeWorkflow;
     return {name: w?.filename ?? null, new: w !== window.__testBefore, nodes: app.graph._nodes.length}; }""" % JS_STORES
 
 
-def _require_browser():
-    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
-        missing(f"no Chromium at {CHROMIUM} (apt-get install chromium fonts-wqy-microhei, or set CHROMIUM_PATH); "
-                "./dev test installs Debian's package when run as root")
-    try:
-        import playwright.sync_api  # noqa: F401
-    except Exception as e:  # noqa: BLE001 - any import problem means: no browser tests here
-        missing(f"the playwright Python package is unusable here: {e!r}")
-
-
-def _load(path):
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
-
-
 def _expected_files(wf, object_info):
     """{file name: (models folder, download URL)} of every model file the workflow's loaders load: the name from
     the loader's widget, the folder the loader reads it from, the URL from the node's properties.models (None
@@ -165,29 +143,19 @@ def server(request, tmp_path_factory):
     """A stock ComfyUI of one version with this pack, the frontend it pins, no model files at all, and the
     frontend's first-run popups off."""
     version = request.param
-    _require_browser()
-    comfy = comfy_path(version)
-    if comfy is None:
-        missing(f"no ComfyUI {version}: run the suite with ./dev test (it sets up the stock ComfyUIs)")
-    frontend = pinned_frontend(comfy)
-    if version in FRONTENDS and not os.path.isdir(FRONTENDS[version]):
-        missing(f"no frontend {frontend} for ComfyUI {version} at {FRONTENDS[version]}: run ./dev setup")
-    base = tmp_path_factory.mktemp(f"comfy-templates-{version}")
-    from PIL import Image
-    os.makedirs(base / "input")
-    for wf in map(_load, WORKFLOWS):  # the start image of the image-to-video workflows: not what is tested
-        for node in wf["nodes"]:
-            if node["type"] == "LoadImage":
-                Image.new("RGB", (64, 64), (90, 120, 200)).save(base / "input" / node["widgets_values"][0])
-    srv = ComfyServer(base, version=version, extra_custom_nodes=())
-    srv.start()
-    srv.frontend = frontend
+
+    def start_images(srv):  # the start image of the image-to-video workflows: not what is tested
+        from PIL import Image
+        inputs = os.path.join(srv.base, "input")
+        os.makedirs(inputs, exist_ok=True)
+        for wf in map(load_json, WORKFLOWS):
+            for node in wf["nodes"]:
+                if node["type"] == "LoadImage":
+                    Image.new("RGB", (64, 64), (90, 120, 200)).save(os.path.join(inputs, node["widgets_values"][0]))
+
+    srv = start_server(version, tmp_path_factory.mktemp(f"comfy-templates-{version}"), prepare=start_images)
     srv.artifacts = os.path.join(ARTIFACTS, f"comfyui-{version}")
-    req = urllib.request.Request(srv.url + "/settings", data=json.dumps(settings(frontend)).encode(),
-                                 method="POST", headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as r:
-        assert r.status == 200
-    assert not any(f for _d, _s, f in os.walk(base / "models")), "the server must start without model files"
+    assert not any(f for _d, _s, f in os.walk(os.path.join(srv.base, "models"))), "the server must start without model files"
     yield srv
     srv.stop()
 
@@ -199,54 +167,20 @@ def object_info(server):
 
 @pytest.fixture(scope="module")
 def page(server):
-    from playwright.sync_api import Error as PlaywrightError
-    from playwright.sync_api import sync_playwright
-
     os.makedirs(server.artifacts, exist_ok=True)
-    profile = tempfile.mkdtemp(prefix="chromium-profile-")
-    console, external, responses = [], [], []
-    try:
-        pw = sync_playwright().start()
-    except Exception as e:  # noqa: BLE001
-        shutil.rmtree(profile, ignore_errors=True)
-        missing(f"playwright could not start its driver: {e!r}")
-    try:
-        ctx = pw.chromium.launch_persistent_context(
-            profile, executable_path=CHROMIUM, headless=True, args=LAUNCH_FLAGS, viewport=VIEWPORT, timeout=60_000)
-    except PlaywrightError as e:
-        pw.stop()
-        shutil.rmtree(profile, ignore_errors=True)
-        missing(f"Chromium at {CHROMIUM} would not start under playwright: {str(e)[:800]}")
+    external, responses = [], []
 
     def elsewhere(route):
         external.append((route.request.method, route.request.url))
         route.abort()
 
-    try:
-        ctx.add_init_script(INIT_SCRIPT)
-        for pattern in STOCK_THUMBNAILS:  # the stock templates' pictures: hundreds, not what is tested
-            ctx.route(pattern, lambda route: route.abort())
+    with chromium(VIEWPORT, INIT_SCRIPT, os.path.join(server.artifacts, "console.log")) as (ctx, pg):
         ctx.route(lambda url: not url.startswith(server.url) and not url.startswith(("data:", "blob:")), elsewhere)
-        pg = ctx.pages[0] if ctx.pages else ctx.new_page()
-        pg.on("console", lambda m: console.append(f"[{m.type}] {m.text}"))
-        pg.on("pageerror", lambda e: console.append(f"[pageerror] {e}"))
         pg.on("response", lambda r: responses.append((r.url, r.status, r.headers.get("content-type"))))
-        pg.console, pg.external, pg.responses = console, external, responses
+        pg.external, pg.responses = external, responses
         pg.version, pg.artifacts, pg.server = server.version, server.artifacts, server
-        pg.goto(server.url + "/", wait_until="load", timeout=90_000)
-        try:
-            pg.wait_for_function(JS_READY, timeout=90_000, polling=200)
-        except PlaywrightError:
-            pg.screenshot(path=os.path.join(server.artifacts, "startup-failure.png"))
-            raise AssertionError("the ComfyUI frontend did not come up:\n" + "\n".join(console[-40:]))
-        pg.evaluate(JS_FULL_DETAIL)
+        load_app(pg, server.url, os.path.join(server.artifacts, "startup-failure.png"))
         yield pg
-    finally:
-        with open(os.path.join(server.artifacts, "console.log"), "w") as f:
-            f.write("\n".join(console))
-        ctx.close()
-        pw.stop()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 # ---- helpers --------------------------------------------------------------------------------------------
@@ -349,7 +283,7 @@ def test_templates_browser_shows_six_cards_with_their_pictures(page):
 @pytest.mark.parametrize("path", WORKFLOWS, ids=IDS)
 def test_opening_a_card_without_the_models_lists_them_for_download(page, object_info, path):
     name = os.path.basename(path)[:-5]
-    wf = _load(path)
+    wf = load_json(path)
     lacking = {n["type"] for n in wf["nodes"] if n["type"] not in object_info and "Note" not in n["type"]}
     if lacking:
         pytest.skip(f"not applicable: stock ComfyUI {page.version} lacks {sorted(lacking)} used by {name}")

@@ -52,7 +52,7 @@ def load(path):
 
 @pytest.fixture(scope="module")
 def oi_new():
-    return live_schema_or_skip("0.33.0")[0]
+    return live_schema.object_info_or_skip("0.33.0")[0]
 
 
 def loader_files(wf, object_info):
@@ -224,7 +224,7 @@ def test_old_file_names_still_convert(tmp_path):
         assert not os.path.exists(os.path.join(WORKFLOW_DIR, old))
     assert wapi.renamed_workflow(os.path.join(WORKFLOW_DIR, "no_such_workflow.json")) is None
     # the README's headless example with the old path a user may have kept in a script: the same prompt
-    info, _source, _pack = live_schema_or_skip("0.33.0")
+    info, _source, _pack = live_schema.object_info_or_skip("0.33.0")
     oi_path = tmp_path / "object_info.json"
     oi_path.write_text(json.dumps(info))
     old = os.path.join(WORKFLOW_DIR, "wan22_5b_t2v_480p.json")
@@ -234,15 +234,6 @@ def test_old_file_names_still_convert(tmp_path):
     assert "was renamed to 'Wan 2.2 5B Text to Video 480p.json'; converting that" in out.stderr, out.stderr
     new = load(os.path.join(WORKFLOW_DIR, "Wan 2.2 5B Text to Video 480p.json"))
     assert json.loads(out.stdout) == wapi.workflow_to_prompt(new, info)
-
-
-def live_schema_or_skip(version):
-    try:
-        return live_schema.object_info(version)
-    except live_schema.SchemaUnavailable as e:
-        if live_schema.in_ci():
-            pytest.fail(str(e))
-        missing(str(e))
 
 
 def test_readme_names_every_workflow_and_shows_the_template_screenshots():

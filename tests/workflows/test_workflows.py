@@ -47,28 +47,19 @@ MODEL_FILE_RE = re.compile(r"\.(safetensors|sft|ckpt|pt|pth|bin|gguf)$", re.IGNO
 LAUNCH_FLAGS = ("--lowvram", "--reserve-vram", "--disable-pinned-memory", "--cpu-vae")
 
 
-def schema(version):
-    try:
-        return live_schema.object_info(version)
-    except live_schema.SchemaUnavailable as e:
-        if live_schema.in_ci():
-            pytest.fail(str(e))
-        missing(str(e))
-
-
 @pytest.fixture(scope="module")
 def oi_new():
-    return schema("0.33.0")[0]
+    return live_schema.object_info_or_skip("0.33.0")[0]
 
 
 @pytest.fixture(scope="module")
 def oi_old():
-    return schema("0.3.75")[0]
+    return live_schema.object_info_or_skip("0.3.75")[0]
 
 
 @pytest.fixture(scope="module")
 def pack_types_new(oi_new):
-    return schema("0.33.0")[2]
+    return live_schema.object_info_or_skip("0.33.0")[2]
 
 
 def stock_only(info, pack_types):
@@ -632,7 +623,7 @@ PACK_NODES = {"TiledAttentionPatch", "TiledAttentionPatchCLIP", "TiledAttentionP
 
 @pytest.mark.parametrize("version", ["0.33.0", "0.3.75"])
 def test_live_schema_has_the_pack_nodes_with_tooltips(version):
-    info, source, pack_types = schema(version)
+    info, source, pack_types = live_schema.object_info_or_skip(version)
     assert pack_types == PACK_NODES, (source, sorted(pack_types))
     if source == "live":  # ComfyUI's loader imported the pack from a folder named tiled-attention
         assert all(info[t]["python_module"] == "custom_nodes.tiled-attention" for t in PACK_NODES)
