@@ -332,3 +332,8 @@ def test_info_node_reports(pack):
     text = out[0]
     assert out.ui == {"text": [text]}
     assert "needs tiled attention" in text and "ComfyUI's own attention: attention_" in text
+    import tomllib  # the first line names the pack and its version, pyproject.toml's (what a bug report needs)
+
+    from tools.comfyui_setup.comfyui import ROOT
+    with open(f"{ROOT}/pyproject.toml", "rb") as f:
+        assert text.splitlines()[0] == f"tiled-attention {tomllib.load(f)['project']['version']}"
