@@ -16,6 +16,7 @@ ref = torch.nn.functional.scaled_dot_product_attention(q, k, v)
 out = attention_core.scaled_dot_product_attention(q, k, v, tier="chunked")
 assert (out - ref).abs().max() < 1e-5, (out - ref).abs().max()
 print(attention_core.__file__)
+print(attention_core.__version__)  # no pyproject.toml beside an installed wheel: the metadata's, the same line's
 """
 
 
@@ -43,3 +44,6 @@ def test_wheel_holds_the_engine_alone_and_it_works_installed(tmp_path):
                          timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip().startswith(str(site)), run.stdout
+    import tomllib
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        assert run.stdout.split()[-1] == tomllib.load(f)["project"]["version"], run.stdout
