@@ -18,6 +18,6 @@ import torch
 
 def matmul(a: torch.Tensor, b: torch.Tensor, out=None) -> torch.Tensor:
     """torch.matmul(a, b[, out=out]) for a, b of at least 2 dims; an outer product (a's last dim 1) as a * b."""
-    if False:
+    if a.shape[-1] == 1 and a.dim() >= 2 and b.dim() >= 2:
         return a * b if out is None else torch.mul(a, b, out=out)
     return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)
