@@ -5,9 +5,14 @@
 Measures on this device and dtype (about 40 s on a quiet 2-core CPU):
   pack      the engine's attention (tier auto, the pack's recommended setting) at a few token counts
   subquad   ComfyUI's sub-quadratic attention (its default without xformers / pytorch attention), same shapes
-  math      torch's math SDPA at the shapes whose score matrix fits comfortably
-            (the three in interleaved rounds, median of ROUNDS: each sees the same machine load, so a load that
-            comes and goes ranks them as a run under it would; see `interleaved`)
+  math      torch's math SDPA (torch.nn.attention.sdpa_kernel(SDPBackend.MATH): what the GPUs this pack is
+            for run, and what ComfyUI's pytorch attention runs there) at the shapes whose score matrix fits
+            comfortably
+  torch     torch's default SDPA (the backend torch picks: the fused flash kernel on CPUs and on GPUs that have
+            one), only where that backend is not math SDPA (attention_core.device.torch_sdpa.default_backend);
+            the file names the backend ("torch_default")
+            (the attention methods in interleaved rounds, median of ROUNDS: each sees the same machine load, so a
+            load that comes and goes ranks them as a run under it would; see `interleaved`)
   gemm      dense GEMMs at the model's linear-layer shapes (width x width, width x FFN width and FFN width x
             width), at 512 rows (the text side's rows) and 4,096 (a video's: the layers run N tokens x the batch)
   elementwise  memory-bound passes over a 4,096-token activation (LayerNorm, RMSNorm, the modulation's addcmul,
@@ -37,9 +42,9 @@ from typing import Optional
 
 from .device import machine_load
 from .device.sync import synchronize
-from .device.torch_sdpa import torch_sdpa
+from .device.torch_sdpa import default_backend, math_sdpa, torch_sdpa
 from . import plan
-from .device.calibration import VERSION, calibration_path, save
+from .device.calibration import VERSION, calibration_path, kind_note, save
 
 TOKENS = (1024, 2048, 4096)
 HEADS = 8          # calibration heads (rates are per FLOP; 24 heads would only make it slower to measure)
@@ -115,7 +120,8 @@ def measure(device: str = "cpu", dtype: str = "fp32", model: str = "wan22-5b", t
     if comfyui:
         from .bench import _comfy_attention
         subquad = _comfy_attention(comfyui, "comfy-subquad")
-    att = {"pack": [], "subquad": [], "math": []}
+    att = {"pack": [], "subquad": [], "math": [], "torch": []}
+    backends = set()
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for n in tokens:
@@ -131,13 +137,21 @@ def measure(device: str = "cpu", dtype: str = "fp32", model: str = "wan22-5b", t
                 sync()
 
             def mth():
-                torch_sdpa(q, k, v)  # torch's own (the builtin), even where the global patch is on
+                math_sdpa(q, k, v)  # torch's own (the builtin) on its math backend, even with the global patch on
+                sync()
+
+            def default():
+                torch_sdpa(q, k, v)  # torch's own with the backend it picks
                 sync()
             fns = {"pack": pack}
             if subquad is not None:
                 fns["subquad"] = sq
             if HEADS * n * n <= MATH_MAX_SCORES:
                 fns["math"] = mth
+            backend = default_backend(q, k, v)
+            if backend != "math":
+                fns["torch"] = default
+                backends.add(backend)
             seconds = interleaved(monitor, {(kind, n): fn for kind, fn in fns.items()}, max(ROUNDS, repeats))
             fl = attention_flops(HEADS, n, d)
             for kind in fns:
@@ -162,7 +176,8 @@ def measure(device: str = "cpu", dtype: str = "fp32", model: str = "wan22-5b", t
     return {"version": VERSION, "device": f"{name} ({arch})", "dtype": dtype, "model": model,
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "attention": {k: v for k, v in att.items() if v}, "gemm": gemm, "elementwise": elementwise}
+            "attention": {k: v for k, v in att.items() if v}, "gemm": gemm, "elementwise": elementwise,
+            **({"torch_default": ", ".join(sorted(backends))} if backends else {})}
 
 
 def elementwise_ops(torch, x, y, scale, weight):
@@ -242,7 +257,7 @@ def main(argv=None) -> int:
     print(f"calibration of {data['device']}, {dtype}, {data['date']} -> {path or 'not saved'}")
     for kind, rows in data["attention"].items():
         print(f"  attention {kind:<8} " + ", ".join(rate((kind, r["tokens"]), f"N {r['tokens']}", r["gflops"])
-                                                   for r in rows) + " GFLOP/s")
+                                                   for r in rows) + " GFLOP/s" + kind_note(data, kind))
     print("  GEMM               " + ", ".join(rate(("gemm", r["m"], r["k"], r["n"]), f"{r['m']}x{r['k']}x{r['n']}",
                                                    r["gflops"]) for r in data["gemm"]) + " GFLOP/s")
     for r in data.get("elementwise", ()):

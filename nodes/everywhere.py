@@ -6,7 +6,9 @@ and every call of ComfyUI's global attention functions (nodes/comfy_global_route
 without transformer_options, e.g. the wrapper packs' "comfy" mode, and by models no Patch Attention patches) runs
 through the engine where the device needs it (mode "auto", the same probe as the node's auto) or on every device
 (a tier name). Calls whose longer sequence has fewer than `min_tokens` tokens, nested tensors and non-float inputs
-stay with torch / ComfyUI; calls of models patched by Patch Attention are the node's (its settings win).
+stay with torch / ComfyUI; calls of models patched by Patch Attention are the node's (its settings win). In newer
+ComfyUIs a layer's own attention chosen by its checkpoint (`preferred_attention`, ComfyAttention) is routed too
+(nodes/comfy_preferred_route.py).
 
 Set by the environment variable TILED_ATTENTION_EVERYWHERE when ComfyUI loads the pack (apply_environment(), once
 per process; unset or "0": off, "auto", or a tier "chunked" / "online" / "inplace") and by the Tiled Attention
@@ -26,7 +28,7 @@ import threading
 from collections import namedtuple
 
 from ..attention_core import patch
-from . import comfy_global_route
+from . import comfy_global_route, comfy_preferred_route
 
 ENV = "TILED_ATTENTION_EVERYWHERE"
 MODES = ("off", "auto", "chunked", "online", "inplace")
@@ -80,11 +82,13 @@ def set_mode(mode: str, min_tokens: int = DEFAULT_MIN_TOKENS, source: str = "the
             if was.config is not None and patch.enabled_config() is was.config:  # ours, still in force
                 patch.disable(close_blocks=False)  # leave other code's open patched() blocks alone
             comfy_global_route.unroute()
+            comfy_preferred_route.unroute()
             _setting = Setting(mode, min_tokens, source, None)
         else:
             patch.enable(force=mode != "auto", min_tokens=min_tokens, tier=mode)
             _setting = Setting(mode, min_tokens, source, patch.enabled_config())
             comfy_global_route.route()
+            comfy_preferred_route.route()  # per-layer attention a checkpoint chose (ComfyUI after 0.33.0)
         now = describe(stats=False)
         if now != before:
             log.info("[tiled-attention] %s", now)

@@ -16,8 +16,16 @@ from typing import Optional
 from . import jsonfile
 from .machine_load import load_problem
 
-VERSION = 1
-KINDS = ("pack", "subquad", "math")
+VERSION = 2
+# The attention rates a file of each version may hold. Version 2: "math" is torch's math SDPA (sdpa_kernel(MATH)),
+# "torch" torch's default SDPA where its backend differs (the file's "torch_default" names it). Version 1 (before
+# issue 38): its "math" was torch's DEFAULT SDPA (the fused flash kernel on CPUs), mislabelled; `load` still reads
+# such a file, as version 2 with that rate moved to "torch", its backend unknown, no math SDPA rate, and
+# "upgraded_from": 1 (V1_NOTE says so wherever the rates are shown).
+KINDS = {1: ("pack", "subquad", "math"), 2: ("pack", "subquad", "math", "torch")}
+V1_NOTE = ("made by an older calibrate (file version 1), whose \"math\" rate was torch's default SDPA (the fused "
+           "flash kernel on CPUs and on GPUs that have one), not math SDPA: read as torch's default SDPA, backend "
+           "unknown; math SDPA's rate is unknown until python -m attention_core.calibrate runs again")
 
 
 def calibration_path(device: str = "cpu", dtype: str = "fp32") -> str:
@@ -87,19 +95,22 @@ def validate(data) -> Optional[str]:
     if not isinstance(data, dict):
         return "not a JSON object"
     version = data.get("version")
-    if not _number(version, VERSION, VERSION):  # a JSON number (1.0 is 1), not true
-        return f"version {_show.repr(version)} is not {VERSION}"
-    for key in ("device", "date", "dtype"):
+    if not any(_number(version, v, v) for v in KINDS):  # a JSON number (1.0 is 1), not true
+        return f"version {_show.repr(version)} is not {' or '.join(map(str, KINDS))}"
+    version = int(version)
+    for key in ("device", "date", "dtype") + (("torch_default",) if "torch_default" in data else ()):
         text = data.get(key)
         if not isinstance(text, str) or not text:
             return f"'{key}' is missing or not a string"
         if len(text) > MAX_TEXT or not text.isprintable():
             return f"'{key}' is not one line of printable text of at most {MAX_TEXT} characters"
+    if "upgraded_from" in data and (version != VERSION or not _number(data["upgraded_from"], 1, 1)):
+        return f"'upgraded_from' {_show.repr(data['upgraded_from'])} is not 1 in a version {VERSION} calibration"
     att = data.get("attention")
     if not isinstance(att, dict) or not isinstance(att.get("pack"), list) or not att["pack"]:
         return "'attention' has no 'pack' measurements"
     for kind, rows in att.items():
-        if kind not in KINDS or not isinstance(rows, list):
+        if kind not in KINDS[version] or not isinstance(rows, list):
             return f"attention kind {_show.repr(kind)} is unknown or not a list"
         for i, r in enumerate(rows):
             bad = _entry(r, _ATTENTION)
@@ -125,9 +136,36 @@ def validate(data) -> Optional[str]:
     return None
 
 
+def upgraded(data: dict) -> dict:
+    """A valid calibration in version VERSION's terms: a version 1 file's mislabelled "math" rate (torch's
+    default SDPA) becomes "torch" (backend unknown), it has no math SDPA rate, and "upgraded_from": 1 marks it;
+    a current file as it is."""
+    if int(data["version"]) != 1:
+        return data
+    att = dict(data["attention"])
+    if "math" in att:
+        att["torch"] = att.pop("math")
+    return {**data, "version": VERSION, "attention": att, "upgraded_from": 1}
+
+
+def note(calib: dict) -> Optional[str]:
+    """What a reader of `calib`'s rates must know about them (V1_NOTE for an upgraded version 1 file), or None."""
+    return V1_NOTE if calib.get("upgraded_from") == 1 else None
+
+
+def kind_note(calib: dict, kind: str) -> str:
+    """The text after a printed line of `kind`'s attention rates: what "math" and "torch" measured."""
+    if kind == "math":
+        return " (math SDPA: sdpa_kernel(SDPBackend.MATH))"
+    if kind == "torch":
+        backend = "unknown: " + V1_NOTE if note(calib) else calib.get("torch_default", "unknown")
+        return f" (torch's default SDPA, backend {backend})"
+    return ""
+
+
 def _checked(data):
     bad = validate(data)
-    return (None, [bad]) if bad else (data, [])
+    return (None, [bad]) if bad else (upgraded(data), [])
 
 
 _cache: dict = {}

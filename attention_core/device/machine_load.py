@@ -1,11 +1,16 @@
 """How busy other processes kept this machine's CPUs while something was timed; the guard that keeps speed figures
 measured on a loaded machine out of saved files (profiles, calibrations, docs figures).
 
-What is measured: other processes' runnable threads, `others_runnable()`. The kernel's count of runnable threads
-right now (the 4th field of /proc/loadavg, "running/total") less the runnable threads of this process and of its
-descendants (the timed child processes of `bench`, the ComfyUI servers of the demo), read from
-/proc/<pid>/task/<tid>/stat. The 1-minute load average cannot tell the two apart: the measurement itself keeps
-every core busy. Linux only; elsewhere (no /proc) the load is unknown (None), said so, and never refuses anything.
+What is measured: other processes' runnable threads, `others_runnable()`: the threads in state R (running or
+waiting for a core) of every process in /proc except this process and its descendants (the timed child processes
+of `bench`, the ComfyUI servers of the demo), counted directly in one scan of /proc/<pid>/stat (the parent pid)
+and /proc/<pid>/task/<tid>/stat (the state); each thread is counted once, as ours or as another's. (Before issue
+38 this was /proc/loadavg's running count less our runnable threads read moments later: one of our threads that
+ran at the first read and slept at the second counted as another process's, so a quiet machine read as busy
+under a demo whose server answers HTTP requests.) The 1-minute load average cannot tell the two apart: the
+measurement itself keeps every core busy. Linux only; elsewhere (no /proc) the load is unknown (None), said so,
+and never refuses anything. Where /proc hides other users' processes (mounted with hidepid), only the processes
+this user may see are counted.
 
 How it is sampled: `Monitor` reads it on a background thread every PERIOD_S (0.5 s) while the timed parts run, and
 once more at the end of each timed figure (`Monitor.span()`), so a figure shorter than the period still has a
@@ -59,16 +64,14 @@ def _stat_fields(text: str) -> list:
     return text.rsplit(")", 1)[1].split()
 
 
-def own_tree(root: Optional[int] = None, proc: Optional[str] = None) -> set:
-    """`root` (default: this process) and every process descended from it, from each process's parent pid in
-    /proc/<pid>/stat; empty where /proc cannot be read."""
-    proc = proc or PROC
-    root = os.getpid() if root is None else root
-    children: dict = {}
+def _scan(proc: str) -> Optional[dict]:
+    """{pid: (parent pid, threads in state R)} of every process in `proc` now (a process or thread that ends
+    during the scan is left out); None when `proc` cannot be listed (not Linux)."""
     try:
         names = os.listdir(proc)
     except OSError:
-        return set()
+        return None
+    out = {}
     for name in names:
         if not name.isdigit():
             continue
@@ -77,7 +80,15 @@ def own_tree(root: Optional[int] = None, proc: Optional[str] = None) -> set:
                 ppid = int(_stat_fields(f.read())[1])
         except (OSError, ValueError, IndexError):  # the process ended meanwhile, or an unreadable entry
             continue
-        children.setdefault(ppid, []).append(int(name))
+        out[int(name)] = (ppid, _runnable_threads(int(name), proc))
+    return out
+
+
+def _tree(parents: dict, root: int) -> set:
+    """`root` and its descendants among `parents` {pid: parent pid}."""
+    children: dict = {}
+    for pid, ppid in parents.items():
+        children.setdefault(ppid, []).append(pid)
     tree, todo = set(), [root]
     while todo:
         pid = todo.pop()
@@ -85,6 +96,15 @@ def own_tree(root: Optional[int] = None, proc: Optional[str] = None) -> set:
             tree.add(pid)
             todo += children.get(pid, [])
     return tree
+
+
+def own_tree(root: Optional[int] = None, proc: Optional[str] = None) -> set:
+    """`root` (default: this process) and every process descended from it, from each process's parent pid in
+    /proc/<pid>/stat; empty where /proc cannot be read."""
+    scan = _scan(proc or PROC)
+    if scan is None:
+        return set()
+    return _tree({pid: ppid for pid, (ppid, _) in scan.items()}, os.getpid() if root is None else root)
 
 
 def _runnable_threads(pid: int, proc: str) -> int:
@@ -103,18 +123,24 @@ def _runnable_threads(pid: int, proc: str) -> int:
     return n
 
 
-def others_runnable(pids: Optional[Iterable[int]] = None, proc: Optional[str] = None) -> Optional[int]:
-    """Threads of *other* processes runnable right now: /proc/loadavg's running count less the runnable threads
-    of `pids` (default: this process and its descendants, own_tree(); this reading thread is one of them). None
-    where /proc is not there or not readable (not Linux): unknown."""
-    proc = proc or PROC
-    try:
-        with open(os.path.join(proc, "loadavg")) as f:
-            running = int(f.read().split()[3].split("/")[0])
-    except (OSError, ValueError, IndexError):
+def runnable_by_process(pids: Optional[Iterable[int]] = None, proc: Optional[str] = None) -> Optional[tuple]:
+    """One scan of /proc: ({pid: runnable threads} of the other processes that have any, {pid: runnable threads}
+    of ours), ours being `pids` (default: this process and its descendants) and, with the default, the
+    descendants found in the same scan; None where /proc cannot be read."""
+    scan = _scan(proc or PROC)
+    if scan is None:
         return None
-    ours = sum(_runnable_threads(pid, proc) for pid in (own_tree(proc=proc) if pids is None else pids))
-    return max(0, running - ours)
+    ours = (_tree({pid: ppid for pid, (ppid, _) in scan.items()}, os.getpid()) if pids is None else set(pids))
+    others = {pid: n for pid, (_, n) in scan.items() if n and pid not in ours}
+    return others, {pid: scan[pid][1] for pid in ours if pid in scan}
+
+
+def others_runnable(pids: Optional[Iterable[int]] = None, proc: Optional[str] = None) -> Optional[int]:
+    """Threads of *other* processes runnable right now, counted directly (runnable_by_process): every process's
+    threads in state R except those of `pids` (default: this process and its descendants; this reading thread is
+    one of them). None where /proc is not there or not readable (not Linux): unknown."""
+    got = runnable_by_process(pids, proc)
+    return None if got is None else sum(got[0].values())
 
 
 def _summary(samples: list) -> dict:

@@ -26,3 +26,15 @@ def math_sdpa(*args, **kwargs):
     """torch's own SDPA on its math backend (the only one the GPUs this pack is for have)."""
     with sdpa_kernel([SDPBackend.MATH]):
         return TORCH_SDPA(*args, **kwargs)
+
+
+def default_backend(q, k, v) -> str:
+    """The backend torch's default SDPA picks for (q, k, v) as the lower-case SDPBackend name ("math",
+    "flash_attention", "efficient_attention", "cudnn_attention", "overrideable"), from torch._fused_sdp_choice (the
+    function the builtin asks, torch 2.5.1 to 2.14.1); "unknown" where that function is missing or fails, so a
+    caller that must know whether the default is math SDPA treats it as different."""
+    choose = getattr(torch, "_fused_sdp_choice", None)
+    try:
+        return SDPBackend(int(choose(q, k, v))).name.lower()
+    except Exception:  # absent (None is not callable), another signature, or an index SDPBackend lacks
+        return "unknown"

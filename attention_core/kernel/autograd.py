@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from . import counts
+from .gemm import matmul
 from .numerics import dropout_keep, stats_dtype
 from .ops import backward_canonical, forward_canonical
 from .problem import AttentionProblem
@@ -193,17 +194,17 @@ def differentiable_backward(dout5, dlse, q5, k4, v4, mask5, seed, causal, causal
     keep = _keep_scale(q5, k4, seed, dropout_p)
     pd = prob if keep is None else prob * keep
     do = dout5.to(st)
-    out = torch.matmul(pd, v)
-    dv = torch.matmul(pd.transpose(-1, -2), do).sum(2)
-    dp = torch.matmul(do, v.transpose(-1, -2))
+    out = matmul(pd, v)
+    dv = matmul(pd.transpose(-1, -2), do).sum(2)
+    dp = matmul(do, v.transpose(-1, -2))
     if keep is not None:
         dp = dp * keep
     delta = (do * out).sum(-1, keepdim=True)
     if dlse is not None:
         delta = delta - dlse.to(st).unsqueeze(-1)
     ds = prob * (dp - delta)
-    dq = torch.matmul(ds, k) * scale
-    dk = torch.matmul(ds.transpose(-1, -2), q).sum(2) * scale
+    dq = matmul(ds, k) * scale
+    dk = matmul(ds.transpose(-1, -2), q).sum(2) * scale
     dm = None
     if need_dmask:
         dims = tuple(d for d in range(5) if mask5.shape[d] == 1 and ds.shape[d] != 1)
@@ -219,7 +220,7 @@ def plain_attention(q5, k4, v4, mask5, seed, causal, causal_offset, scale, dropo
     q, k, v = q5.to(st), k4.to(st).unsqueeze(2), v4.to(st).unsqueeze(2)  # k, v broadcast over the G heads
     prob, m, l = _softmax_parts(q, k, mask5, causal, causal_offset, scale)
     keep = _keep_scale(q5, k4, seed, dropout_p)
-    out = torch.matmul(prob if keep is None else prob * keep, v)
+    out = matmul(prob if keep is None else prob * keep, v)
     empty = l == 0  # rows with no visible key: L = -inf (and O = 0, from P = 0)
     lse = m + torch.log(torch.where(empty, torch.ones_like(l), l))
     lse = torch.where(empty, torch.full_like(l, float("-inf")), lse)
@@ -233,7 +234,7 @@ def _probabilities(q, k, mask5, causal, causal_offset, scale):
 
 def _softmax_parts(q, k, mask5, causal, causal_offset, scale):
     """(P, row max m (0 on rows with no visible key, not differentiated), row sum l of exp(s - m)), keepdim."""
-    s = torch.matmul(q * scale, k.transpose(-1, -2))
+    s = matmul(q * scale, k.transpose(-1, -2))
     Lq, Lk = s.shape[-2], s.shape[-1]
     if mask5 is not None:
         s = s.masked_fill(~mask5, float("-inf")) if mask5.dtype == torch.bool else s + mask5.to(s.dtype)

@@ -16,6 +16,7 @@ from typing import Optional
 import torch
 import torch.autograd.forward_ad as fwAD
 
+from .gemm import matmul
 from .numerics import dropout_keep, stats_dtype
 from .problem import AttentionProblem
 
@@ -112,7 +113,7 @@ def attention_jvp(q5, k4, v4, mask5, seed: Optional[torch.Tensor], out5, lse, dq
             j1 = min(Lk, j0 + bk)
             k = k4[:, :, None, j0:j1].to(st)  # (B, H, 1, bk, D): broadcast over the G query heads
             v = v4[:, :, None, j0:j1].to(st)
-            s = torch.matmul(q * scale, k.transpose(-1, -2))
+            s = matmul(q * scale, k.transpose(-1, -2))
             cols = torch.arange(j0, j1, device=q5.device).view(1, -1)
             if mask5 is not None:
                 m = _tile(mask5, i0, i1, j0, j1)
@@ -127,18 +128,18 @@ def attention_jvp(q5, k4, v4, mask5, seed: Optional[torch.Tensor], out5, lse, dq
             if has_ds:
                 ds = torch.zeros((), dtype=st, device=q5.device)
                 if dq is not None:
-                    ds = ds + torch.matmul(dq * scale, k.transpose(-1, -2))
+                    ds = ds + matmul(dq * scale, k.transpose(-1, -2))
                 if dk4 is not None:
                     dk = dk4[:, :, None, j0:j1].to(st)
-                    ds = ds + torch.matmul(q * scale, dk.transpose(-1, -2))
+                    ds = ds + matmul(q * scale, dk.transpose(-1, -2))
                 if dmask5 is not None:
                     ds = ds + _tile(dmask5, i0, i1, j0, j1).to(st)
                 # masked scores have P = 0; where() keeps an infinite mask tangent there from making 0 * inf = nan
                 pds = torch.where(p > 0, p * ds, torch.zeros_like(p))
                 r = r + pds.sum(-1, keepdim=True)
-                acc = acc + torch.matmul(pds if pd is p else torch.where(p > 0, pd * ds, torch.zeros_like(p)), v)
+                acc = acc + matmul(pds if pd is p else torch.where(p > 0, pd * ds, torch.zeros_like(p)), v)
             if dv4 is not None:
-                acc = acc + torch.matmul(pd, dv4[:, :, None, j0:j1].to(st))
+                acc = acc + matmul(pd, dv4[:, :, None, j0:j1].to(st))
         d_out.append(acc - r * out[:, :, :, i0:i1])
         d_lse.append(r.squeeze(-1))
     if not d_out:  # an empty problem

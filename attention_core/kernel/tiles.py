@@ -10,6 +10,7 @@ import math
 
 import torch
 
+from .gemm import matmul
 from .numerics import FP16_SAFE, Numerics, dropout_keep, row_norm_max
 from .problem import AttentionProblem
 
@@ -105,9 +106,9 @@ class TileSource:
         k = self.k if qt.dtype == self.k.dtype else self.k32
         kt = k[:, :, j0:j1].transpose(-1, -2)
         if slot is None:
-            s = torch.matmul(qt, kt)
+            s = matmul(qt, kt)
         else:
-            s = torch.matmul(qt, kt, out=self.scratch(slot, (p.B, p.Hkv, qt.shape[-2], j1 - j0), qt.dtype))
+            s = matmul(qt, kt, out=self.scratch(slot, (p.B, p.Hkv, qt.shape[-2], j1 - j0), qt.dtype))
         s = s.view(p.B, p.Hkv, p.G, i1 - i0, j1 - j0)
         mt = p.mask_tile(i0, i1, j0, j1)
         if mt is not None:

@@ -83,3 +83,58 @@ def test_wan_workflow_end_to_end(server):
     assert la.shape == lb.shape == (1, 48, 2, 4, 4)
     err = (la - lb).abs().max().item()
     assert err <= LATENT_RTOL * lb.abs().max().item(), f"latents differ by {err} (scale {lb.abs().max():.3f})"
+
+
+def test_the_demos_busy_verdict_leaves_a_real_server_under_load_out(server, monkeypatch):
+    """Issue 38.7, with a real server sampling a prompt (the demo's own run(), which reads other processes'
+    runnable threads after each /history request): in every reading the server's process (a child of this one,
+    like the demo's servers) is ours, never another's, and it was seen runnable (under load). The verdict, counted
+    over the processes this test controls (whatever else runs on the machine is not this test's to judge): with
+    the server alone, quiet, not busy; with a real competing program alongside (one detached spinning process per
+    core, not ours), busy."""
+    import signal
+    import subprocess
+    import sys
+
+    from attention_core.device import machine_load
+    from tools.demo import demo, demo_summary
+
+    class Peak:
+        peak = start = 0
+
+        def reset(self):
+            pass
+
+        def sample(self):
+            pass
+    small = dict(size=(64, 64), frames=5, steps=2, min_tokens=0)
+    with open(WAN_T2V) as f:
+        prompt = workflow_api().workflow_to_prompt(json.load(f), server.get("/object_info"))
+    cores, spinners = machine_load.cores(), set()
+    scans = []
+
+    def reading():  # what the demo reads, restricted to the server, this process and the spinners
+        got = machine_load.runnable_by_process()
+        scans.append(got)
+        mine = machine_load.own_tree() | spinners
+        return sum(n for pid, n in got[0].items() if pid in mine)
+    monkeypatch.setattr(machine_load, "others_runnable", reading)
+    *_, quiet = demo.run(server, resized(prompt, "busy-quiet", mode="chunked", **small), "quiet", Peak())
+    assert quiet and demo_summary.busy_reason(cores, None, quiet) is None, quiet
+    assert all(server.proc.pid not in others for others, _ in scans)
+    assert any(ours.get(server.proc.pid) for _, ours in scans), "the server was never seen runnable"
+    code = ("import os, time\nif os.fork():\n    os._exit(0)\nprint(os.getpid(), flush=True)\n"
+            "end = time.time() + 300\nwhile time.time() < end:\n    pass\n")
+    starters = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+                for _ in range(cores)]
+    spinners.update(int(p.stdout.readline()) for p in starters)
+    try:
+        scans.clear()
+        *_, loaded = demo.run(server, resized(prompt, "busy-loaded", mode="chunked", **small), "loaded", Peak())
+        assert "other processes kept" in (demo_summary.busy_reason(cores, None, loaded) or ""), loaded
+        assert all(server.proc.pid not in others for others, _ in scans)
+    finally:
+        for pid in spinners:
+            os.kill(pid, signal.SIGKILL)
+        for p in starters:
+            p.wait()

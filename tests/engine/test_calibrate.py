@@ -19,7 +19,7 @@ from attention_core.device import calibration, profiles
 
 
 def _calib():
-    return {"version": 1, "device": "test device", "dtype": "fp32", "date": "2026-12-01 12:00 UTC",
+    return {"version": 2, "device": "test device", "dtype": "fp32", "date": "2026-12-01 12:00 UTC",
             "attention": {"pack": [{"tokens": 1024, "gflops": 100.0}], "math": [{"tokens": 1024, "gflops": 9}]},
             "gemm": [{"m": 512, "k": 3072, "n": 3072, "gflops": 200.0}]}
 
@@ -27,8 +27,16 @@ def _calib():
 # --------------------------------------------------------------------------------------------- the file
 @pytest.mark.parametrize("change, problem", [
     (lambda d: [d], "not a JSON object"),
-    (lambda d: {**d, "version": 2}, "version 2 is not 1"),
-    (lambda d: {k: v for k, v in d.items() if k != "version"}, "version None is not 1"),
+    (lambda d: {**d, "version": 3}, "version 3 is not 1 or 2"),
+    (lambda d: {**d, "version": True}, "version True is not 1 or 2"),
+    (lambda d: {k: v for k, v in d.items() if k != "version"}, "version None is not 1 or 2"),
+    (lambda d: {**d, "torch_default": ""}, "'torch_default' is missing or not a string"),
+    (lambda d: {**d, "torch_default": "flash\nattention"},
+     "'torch_default' is not one line of printable text of at most 200 characters"),
+    (lambda d: {**d, "upgraded_from": 2}, "'upgraded_from' 2 is not 1 in a version 2 calibration"),
+    (lambda d: {**d, "version": 1, "upgraded_from": 1}, "'upgraded_from' 1 is not 1 in a version 2 calibration"),
+    (lambda d: {**d, "version": 1, "attention": {**d["attention"], "torch": []}},
+     "attention kind 'torch' is unknown or not a list"),
     (lambda d: {**d, "device": ""}, "'device' is missing or not a string"),
     (lambda d: {**d, "date": 5}, "'date' is missing or not a string"),
     (lambda d: {k: v for k, v in d.items() if k != "dtype"}, "'dtype' is missing or not a string"),
@@ -108,11 +116,11 @@ def test_a_usable_calibration_round_trips(tmp_path):
 
 def test_a_bad_file_warns_once_with_the_problem_and_the_fix(tmp_path, caplog):
     path = tmp_path / "c.json"
-    path.write_text(json.dumps({**_calib(), "version": 2}))
+    path.write_text(json.dumps({**_calib(), "version": 3}))
     with caplog.at_level(logging.WARNING):
         assert calibration.load(str(path)) is None
     assert [r.getMessage() for r in caplog.records] == [
-        f"tiled attention: the calibration {path} is not usable as written (ignoring the file): version 2 is not 1. "
+        f"tiled attention: the calibration {path} is not usable as written (ignoring the file): version 3 is not 1 or 2. "
         "Run python -m attention_core.calibrate again."]
 
 
@@ -202,12 +210,14 @@ def test_measure_on_a_tiny_model(tiny, monkeypatch):
     GEMMs of GEMM_ROWS rows at the model's width x width and width x FFN shapes (best of two timed runs by default);
     no ComfyUI: no sub-quadratic entry at all."""
     monkeypatch.setattr(calibrate, "MATH_MAX_SCORES", 8 * 32 * 32)
+    monkeypatch.setattr(calibrate, "default_backend", lambda q, k, v: "math")  # torch's default: math SDPA
     data = calibrate.measure("cpu", "fp32", "tiny", tokens=(16, 32, 48))
-    assert data["version"] == calibration.VERSION == 1
+    assert data["version"] == calibration.VERSION == 2
     assert (data["device"], data["dtype"], data["model"]) == ("Test CPU (x86_64)", "fp32", "tiny")
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", data["date"])
     assert data["torch"] == torch.__version__ and data["threads"] == torch.get_num_threads()
     assert calibration.validate(data) is None and sorted(data["attention"]) == ["math", "pack"]
+    assert "torch_default" not in data
     rows = [{"tokens": n, "heads": 8, "head_dim": 8, "gflops": 4 * 8 * n * n * 8 / 0.5 / 1e9} for n in (16, 32, 48)]
     assert data["attention"]["pack"] == rows
     assert data["attention"]["math"] == rows[:2]
@@ -221,6 +231,68 @@ def test_measure_on_a_tiny_model(tiny, monkeypatch):
     assert tiny == [([("math", 16), ("pack", 16)], 3), ([("math", 32), ("pack", 32)], 3), ([("pack", 48)], 3)] + [2] * 11
     calibrate.measure("cpu", "fp32", "tiny", tokens=(16,), repeats=5)
     assert tiny[14:] == [([("math", 16), ("pack", 16)], 5)] + [5] * 11  # six GEMMs, five elementwise passes
+
+
+def test_math_is_math_sdpa_and_torchs_default_a_separate_named_rate(tiny, monkeypatch):
+    """Issue 38.4: "math" times torch's math SDPA (only the math backend enabled while it runs), and torch's
+    default SDPA (whatever backend torch picks: the fused flash kernel on this CPU) is a rate of its own, "torch",
+    at every token count, with its backend named in "torch_default"; neither is the engine (the builtin is
+    called even under the global patch)."""
+    from attention_core.device import torch_sdpa
+    from torch.nn.attention import SDPBackend
+    calls = []
+    real = torch_sdpa.TORCH_SDPA
+
+    def spy(q, k, v, *a, **kw):
+        calls.append((q.shape[2], torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()))
+        return real(q, k, v, *a, **kw)
+    monkeypatch.setattr(torch_sdpa, "TORCH_SDPA", spy)
+    monkeypatch.setattr(calibrate, "MATH_MAX_SCORES", 8 * 32 * 32)
+    backend = torch_sdpa.default_backend(*(torch.randn(1, 8, 16, 8),) * 3)
+    assert backend == SDPBackend(torch._fused_sdp_choice(*(torch.randn(1, 8, 16, 8),) * 3)).name.lower()
+    assert backend == "flash_attention"  # torch's CPU default: what the old "math" measured
+    with attention_core_enabled():
+        data = calibrate.measure("cpu", "fp32", "tiny", tokens=(16, 32, 48))
+    assert sorted(data["attention"]) == ["math", "pack", "torch"] and data["torch_default"] == "flash_attention"
+    assert [r["tokens"] for r in data["attention"]["math"]] == [16, 32]
+    assert [r["tokens"] for r in data["attention"]["torch"]] == [16, 32, 48]
+    # (one call each: the tiny fixture's interleaved) math calls with flash off and math on; default calls with
+    # both on, torch's own choice
+    assert sorted(calls) == sorted([(n, False, True) for n in (16, 32)] + [(n, True, True) for n in (16, 32, 48)])
+    assert tiny[:3] == [([("math", 16), ("pack", 16), ("torch", 16)], 3),
+                        ([("math", 32), ("pack", 32), ("torch", 32)], 3), ([("pack", 48), ("torch", 48)], 3)]
+    assert calibration.validate(data) is None
+
+
+def attention_core_enabled():
+    """The pack's global patch on (torch.nn.functional's SDPA replaced by the engine) for the with-block."""
+    import attention_core
+    return attention_core.patched()
+
+
+def test_a_version_1_file_reads_its_math_as_torchs_default_with_a_note(tmp_path, monkeypatch, capsys):
+    """Issue 38.4: a calibration from before (version 1) labelled torch's default SDPA "math". It still loads (its
+    pack, sub-quadratic and GEMM rates are right), its "math" read as torch's default with the backend unknown, no
+    math SDPA rate, marked upgraded_from 1; the note says so and how to get math SDPA's rate."""
+    old = {**_calib(), "version": 1, "attention": {"pack": [{"tokens": 1024, "gflops": 100.0}],
+                                                   "subquad": [{"tokens": 1024, "gflops": 50.0}],
+                                                   "math": [{"tokens": 1024, "gflops": 9}]}}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    got = calibration.load(str(path))
+    assert got == {**old, "version": 2, "upgraded_from": 1,
+                   "attention": {"pack": old["attention"]["pack"], "subquad": old["attention"]["subquad"],
+                                 "torch": [{"tokens": 1024, "gflops": 9}]}}
+    assert calibration.validate(got) is None and calibration.problem(str(path)) is None
+    assert calibration.note(got) == calibration.V1_NOTE and calibration.note(_calib()) is None
+    assert "math SDPA's rate is unknown until python -m attention_core.calibrate runs again" in calibration.V1_NOTE
+    assert calibration.kind_note(got, "torch") == " (torch's default SDPA, backend unknown: " + calibration.V1_NOTE + ")"
+    assert calibration.kind_note({**_calib(), "torch_default": "flash_attention"}, "torch") == (
+        " (torch's default SDPA, backend flash_attention)")
+    # the estimate reads the pack's and sub-quadratic's rates of the old file as before
+    from attention_core import estimate
+    spec = plan.MODELS["wan22-5b"]
+    assert estimate.step_time(spec, 4096, got, "pack") == estimate.step_time(spec, 4096, old, "pack")
 
 
 def test_measure_hands_comfyui_its_own_layout(tiny, monkeypatch):
@@ -281,7 +353,7 @@ def fake_measure(monkeypatch):
         if monitor is not None:  # one figure timed under the monitor, as measure() times each (quiet: conftest)
             with monitor.span(("pack", 1024)):
                 pass
-        return {"version": 1, "device": "Test CPU (x86_64)", "dtype": dtype, "model": model,
+        return {"version": 2, "device": "Test CPU (x86_64)", "dtype": dtype, "model": model,
                 "date": "2026-12-01 12:00 UTC",
                 "attention": {"pack": [{"tokens": 1024, "gflops": 12.34}, {"tokens": 2048, "gflops": 5.0}],
                               "math": [{"tokens": 1024, "gflops": 0.06}]},
@@ -303,7 +375,7 @@ def test_cli_defaults_and_output(profdir, monkeypatch, capsys, fake_measure):
     assert capsys.readouterr().out.split("\n") == [
         f"calibration of Test CPU (x86_64), fp32, 2026-12-01 12:00 UTC -> {path}",
         "  attention pack     N 1024: 12.3 (others 0.0), N 2048: 5.0 GFLOP/s",
-        "  attention math     N 1024: 0.1 GFLOP/s",
+        "  attention math     N 1024: 0.1 GFLOP/s (math SDPA: sdpa_kernel(SDPBackend.MATH))",
         "  GEMM               512x3072x3072: 150.0, 512x3072x14336: 100.0 GFLOP/s",
         "  (ComfyUI not found: sub-quadratic not measured; pass --comfyui PATH)",
         f"  measured at: other processes' runnable threads 0.00 on average (max 0, 1 readings) on {os.cpu_count()} "
@@ -380,11 +452,14 @@ def test_runs_as_a_module_with_its_help(monkeypatch, capsys):
 
 
 def test_version_is_a_json_number(tmp_path):
-    """JSON has one number type: a file whose version another tool wrote as 1.0 is version 1, and 2.0 is not."""
+    """JSON has one number type: a file whose version another tool wrote as 2.0 is version 2, 1.0 is version 1
+    (read upgraded), and 3.0 is neither."""
     path = tmp_path / "c.json"
-    path.write_text(json.dumps(_calib()).replace('"version": 1', '"version": 1.0'))
-    assert calibration.load(str(path))["version"] == 1
-    assert calibration.validate({**_calib(), "version": 2.0}) == "version 2.0 is not 1"
+    path.write_text(json.dumps(_calib()).replace('"version": 2', '"version": 2.0'))
+    assert calibration.load(str(path))["version"] == 2 and "upgraded_from" not in calibration.load(str(path))
+    path.write_text(json.dumps(_calib()).replace('"version": 2', '"version": 1.0'))
+    assert calibration.load(str(path))["upgraded_from"] == 1
+    assert calibration.validate({**_calib(), "version": 3.0}) == "version 3.0 is not 1 or 2"
 
 
 # ------------------------------------------------------------------------- an output that cannot be written
@@ -459,7 +534,7 @@ def test_cli_prints_the_elementwise_rate(tmp_path, monkeypatch, capsys):
     def measure(device, dtype, model, comfyui=None, monitor=None):
         with monitor.span(("elementwise", 4096)):
             pass
-        return {"version": 1, "device": "Test CPU (x86_64)", "dtype": dtype, "model": model, "date": "today",
+        return {"version": 2, "device": "Test CPU (x86_64)", "dtype": dtype, "model": model, "date": "today",
                 "attention": {"pack": [{"tokens": 1024, "gflops": 1.0}]},
                 "gemm": [{"m": 4096, "k": 3072, "n": 3072, "gflops": 150.0}],
                 "elementwise": [{"rows": 4096, "width": 3072, "gbps": 12.345}]}

@@ -346,12 +346,16 @@ def test_a_2_gb_file_is_refused_without_reading_it(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------- calibrations
-def _valid_calibration():
-    return {"version": 1, "device": "fuzz device", "dtype": "fp32", "date": "2026-12-02 04:00 UTC",
+def _valid_calibration(version: int = 2):
+    """A usable calibration of the current format (math SDPA and torch's default, named), or of version 1 (its
+    "math" was torch's default; read upgraded)."""
+    extra = ({"torch": [{"tokens": 1024, "heads": 8, "head_dim": 128, "gflops": 90.0}]} if version == 2 else {})
+    return {"version": version, "device": "fuzz device", "dtype": "fp32", "date": "2026-12-02 04:00 UTC",
+            **({"torch_default": "flash_attention"} if version == 2 else {}),
             "attention": {"pack": [{"tokens": 1024, "heads": 8, "head_dim": 128, "gflops": 100.0},
                                    {"tokens": 4096, "heads": 8, "head_dim": 128, "gflops": 120.0}],
                           "subquad": [{"tokens": 1024, "heads": 8, "head_dim": 128, "gflops": 50.0}],
-                          "math": [{"tokens": 1024, "heads": 8, "head_dim": 128, "gflops": 60.0}]},
+                          "math": [{"tokens": 1024, "heads": 8, "head_dim": 128, "gflops": 60.0}], **extra},
             "gemm": [{"m": 512, "k": 3072, "n": 3072, "gflops": 200.0},
                      {"m": 512, "k": 3072, "n": 14336, "gflops": 210.0}]}
 
@@ -393,10 +397,10 @@ def test_fuzzed_calibrations_never_crash_the_estimate_and_warn_once(tmp_path, wa
     missing = plan.time_report(est, path)  # the default path: no calibration there
     assert "no calibration" in missing
     rng = random.Random(220005)
-    valid = _valid_calibration()
+    valids = (_valid_calibration(2), _valid_calibration(1))  # the current format and the one before (issue 38.4)
     rejected = used = 0
     for case in range(1500):
-        data = _mutated_text(rng, valid)
+        data = _mutated_text(rng, valids[case % 2])
         _write_version(path, data)
         warnings_seen.clear()
         cal = calibration.load(path)
@@ -416,7 +420,10 @@ def test_fuzzed_calibrations_never_crash_the_estimate_and_warn_once(tmp_path, wa
             else:
                 assert code in (0, None) and err == "" and "a step" in out, (case, code, err[-500:])
         assert calibration.load(path) is cal
-        changed = cal is None or _canon(cal) != _parsed(data)
+        parsed = _parsed(data)
+        # a usable version 1 file is read upgraded (its mislabelled "math" as torch's default): not a warning
+        upgraded = parsed and _canon(calibration.upgraded(json.loads(parsed))) if cal is not None else None
+        changed = cal is None or _canon(cal) != upgraded
         assert len(warnings_seen) == (1 if changed else 0), (case, data[:300], warnings_seen)
     assert rejected > 300 and used > 150, (rejected, used)
 

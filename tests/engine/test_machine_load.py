@@ -37,17 +37,115 @@ def fake_proc(tmp_path):
     return str(proc)
 
 
-def test_others_runnable_is_the_kernel_count_less_this_process_tree(fake_proc, monkeypatch):
+def test_others_runnable_counts_other_processes_threads_directly(fake_proc, monkeypatch):
+    """Every process's threads in state R except this process tree's, counted in one scan (issue 38.7: not
+    /proc/loadavg's total less ours read later, which counted our threads that went to sleep in between as
+    others'); /proc/loadavg (7 running, one more than the threads in state R) is not read at all."""
     monkeypatch.undo()  # the real reading, not conftest.quiet_machine's stand-in
     assert machine_load.own_tree(100, proc=fake_proc) == {100, 101, 102}
     assert machine_load.own_tree(101, proc=fake_proc) == {101, 102}
     monkeypatch.setattr(os, "getpid", lambda: 100)
-    assert machine_load.others_runnable(proc=fake_proc) == 7 - 4      # 100: 2, 101: 1, 102: 1
-    assert machine_load.others_runnable([200], proc=fake_proc) == 5   # only 200's two threads as ours
-    assert machine_load.others_runnable([999], proc=fake_proc) == 7   # a process that ended counts nothing
+    assert machine_load.others_runnable(proc=fake_proc) == 2           # 200's two; ours: 100: 2, 101: 1, 102: 1
+    assert machine_load.runnable_by_process(proc=fake_proc) == ({200: 2}, {100: 2, 101: 1, 102: 1})
+    assert machine_load.others_runnable([200], proc=fake_proc) == 4    # only 200's two threads as ours
+    assert machine_load.others_runnable([999], proc=fake_proc) == 6    # a process that ended counts nothing
     os.remove(os.path.join(fake_proc, "loadavg"))
-    assert machine_load.others_runnable(proc=fake_proc) is None       # no /proc/loadavg (not Linux): unknown
+    assert machine_load.others_runnable(proc=fake_proc) == 2           # not needed
+    assert machine_load.others_runnable(proc=os.path.join(fake_proc, "nothing")) is None  # no /proc: unknown
     assert machine_load.own_tree(100, proc=os.path.join(fake_proc, "nothing")) == set()
+
+
+def _spinners(n, detached=False):
+    """n real processes that keep one thread runnable each (a busy loop); detached: re-parented away from this
+    process (a double fork: the spinner's parent exits), so they are other processes as an unrelated program's
+    are. Returns (the spinners' pids, a function that ends them)."""
+    import signal
+    import subprocess
+    import sys
+    code = ("import os, sys, time\n"
+            "if %r and os.fork():\n    os._exit(0)\n"
+            "print(os.getpid(), flush=True)\n"
+            "end = time.time() + 120\n"  # never outlives a failed test by long
+            "while time.time() < end:\n    pass\n") % detached
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(n)]
+    pids = [int(p.stdout.readline()) for p in procs]
+
+    def stop():
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for p in procs:
+            p.wait()
+    return pids, stop
+
+
+def _readings(n, fn):
+    import time
+    out = []
+    for _ in range(n):
+        out.append(fn())
+        time.sleep(0.05)
+    return out
+
+
+def test_real_spinning_processes_are_counted_as_others_and_our_children_are_not(monkeypatch):
+    """Real processes, counted in the real /proc: two spinning children of this process are runnable in nearly
+    every reading and are never another process's (our tree is left out); the same two detached (their parent
+    exited, as an unrelated program's) are counted as others in nearly every reading. Robust on a loaded machine:
+    only the spinners' own pids are looked at, whatever else runs."""
+    monkeypatch.undo()
+    pids, stop = _spinners(2)
+    try:
+        assert machine_load.own_tree() >= set(pids)
+        scans = _readings(20, machine_load.runnable_by_process)
+        assert all(not set(pids) & set(others) for others, _ in scans)          # never others'
+        assert sum(sum(ours.get(p, 0) for p in pids) == 2 for _, ours in scans) >= 15  # runnable: ours
+    finally:
+        stop()
+    pids, stop = _spinners(2, detached=True)
+    try:
+        assert not machine_load.own_tree() & set(pids)
+        scans = _readings(20, machine_load.runnable_by_process)
+        assert sum(sum(others.get(p, 0) for p in pids) == 2 for others, _ in scans) >= 15
+        assert sum(n >= 2 for n in _readings(10, machine_load.others_runnable)) >= 7  # in the total too
+    finally:
+        stop()
+
+
+def test_the_verdict_on_a_real_competing_process_with_our_own_work_left_out(monkeypatch):
+    """The busy verdict (Monitor.summary, and the demo's demo_summary.busy_reason) from the direct count, with
+    "others" being the processes this test controls: our own busy child (as the demo's server) never makes the
+    machine busy; one detached spinner per core (a real competing program) does. The readings count only the
+    processes this test started, so the load of whatever else runs on the machine cannot change the verdict."""
+    monkeypatch.undo()
+    from tools.demo import demo_summary
+    cores = machine_load.cores()
+
+    def mine(spinners):  # other processes' runnable threads, among the ones this test started
+        def read():
+            got = machine_load.runnable_by_process()
+            return sum(n for pid, n in got[0].items() if pid in spinners)
+        return read
+    own, stop = _spinners(cores)                # our busy children: left out
+    try:
+        m = machine_load.Monitor(source=mine(set(own)), n_cores=cores)
+        for _ in range(10):
+            m.read()
+        assert not m.busy and m.summary()["mean"] == 0
+        assert demo_summary.busy_reason(cores, None, m.samples) is None
+    finally:
+        stop()
+    other, stop = _spinners(cores, detached=True)  # a competing program: one runnable thread per core
+    try:
+        m = machine_load.Monitor(source=mine(set(other)), n_cores=cores)
+        for _ in range(10):
+            m.read()
+        assert m.busy, m.samples
+        assert "other processes kept" in demo_summary.busy_reason(cores, None, m.samples)
+    finally:
+        stop()
 
 
 def test_monitor_spans_laps_and_summary():

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from ..gemm import matmul
 from ..numerics import FP16_SAFE, FTZ_THRESHOLD, row_norm_max
 from ..tiles import TileSource
 
@@ -84,11 +85,11 @@ def backward(src: TileSource, out, lse, rowmax, dout, dlse, block_q, block_kv, n
             vt = src.value(j0, j1, cd, raw=True)
             if fused:
                 dvt[:, :, j0:j1].baddbmm_(dot.reshape(B * H, rows, Ev).transpose(-1, -2), pd.view(B * H, rows, bk))
-                dp = torch.matmul(dot, vt.transpose(-1, -2), out=src.scratch(1, (B, H, rows, bk), cd))
+                dp = matmul(dot, vt.transpose(-1, -2), out=src.scratch(1, (B, H, rows, bk), cd))
                 dp = dp.view(B, H, G, bq, bk)
             else:
-                dv[:, :, j0:j1] += torch.matmul(pd.view(B, H, rows, bk).transpose(-1, -2).to(cd), dot).to(st)
-                dp = torch.matmul(dot, vt.transpose(-1, -2)).view(B, H, G, bq, bk).to(st)
+                dv[:, :, j0:j1] += matmul(pd.view(B, H, rows, bk).transpose(-1, -2).to(cd), dot).to(st)
+                dp = matmul(dot, vt.transpose(-1, -2)).view(B, H, G, bq, bk).to(st)
             del pd
             if drop:
                 dp.masked_fill_(~keep, 0.0).mul_(inv_keep)
@@ -103,8 +104,8 @@ def backward(src: TileSource, out, lse, rowmax, dout, dlse, block_q, block_kv, n
                 del ds3
             else:
                 ds_c = ds.view(B, H, rows, bk).to(cd)
-                dq_t += torch.matmul(ds_c, k[:, :, j0:j1]).to(st)
-                dk[:, :, j0:j1] += torch.matmul(ds_c.transpose(-1, -2), qt).to(st)
+                dq_t += matmul(ds_c, k[:, :, j0:j1]).to(st)
+                dk[:, :, j0:j1] += matmul(ds_c.transpose(-1, -2), qt).to(st)
                 del ds_c
             del ds
         dq[:, :, :, i0:i1] = (dq_t * p.scale).view(B, H, G, bq, E)

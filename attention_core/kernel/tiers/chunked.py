@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from ..gemm import matmul
 from ..numerics import flush_to_zero_, safe_max
 from ..tiles import TileOutputs, TileSource, query_tiles
 
@@ -51,7 +52,7 @@ def forward(src: TileSource, block_q: int, block_kv: int, need_stats: bool, layo
         if p.dropout_p > 0:
             probs.masked_fill_(~src.keep(i0, i1, 0, kend), 0.0).mul_(1.0 / (1.0 - p.dropout_p))
         v = src.value(0, kend, num.compute)
-        o = torch.matmul(probs.view(p.B, p.Hkv, p.G * (i1 - i0), kend).to(v.dtype), v)
+        o = matmul(probs.view(p.B, p.Hkv, p.G * (i1 - i0), kend).to(v.dtype), v)
         del probs
         res.store(i0, i1, src.unscale(o), m, log_l)
     return res
@@ -64,7 +65,7 @@ def _forward_keys_major(src: TileSource, block_q: int, need_stats: bool) -> Tile
     for i0, i1, kend, qt in query_tiles(src, block_q):
         k = (src.k if qt.dtype == src.k.dtype else src.k32)[:, :, :kend]
         rows = qt.shape[-2]  # G * (i1 - i0)
-        st = torch.matmul(k, qt.transpose(-1, -2), out=src.scratch(0, (p.B, p.Hkv, kend, rows), qt.dtype))
+        st = matmul(k, qt.transpose(-1, -2), out=src.scratch(0, (p.B, p.Hkv, kend, rows), qt.dtype))
         ftz = num.ftz and st.dtype != torch.float16
         m = st.amax(-2, keepdim=True) if (need_stats or ftz) else None
         if ftz:
@@ -74,7 +75,7 @@ def _forward_keys_major(src: TileSource, block_q: int, need_stats: bool) -> Tile
         del st
         log_l = -torch.log(probs.amax(-2, keepdim=True).to(num.stats)) if need_stats else None
         v = src.value(0, kend, num.compute)
-        o = torch.matmul(probs.transpose(-1, -2).to(v.dtype), v)
+        o = matmul(probs.transpose(-1, -2).to(v.dtype), v)
         del probs
         stats = (lambda t: None if t is None else t.reshape(p.B, p.Hkv, p.G, i1 - i0, 1))
         res.store(i0, i1, src.unscale(o), stats(m), stats(log_l))

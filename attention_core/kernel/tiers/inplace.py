@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from ..gemm import matmul
 from ..numerics import flush_to_zero_, safe_max
 from ..tiles import TileOutputs, TileSource, query_tiles
 
@@ -27,10 +28,10 @@ def forward(src: TileSource, block_q: int, block_kv: int, need_stats: bool) -> T
         rows = p.G * (i1 - i0)
         if src.pv_needs_fp32(kend):  # unnormalised weights summed over kend keys could overflow fp16: normalise first
             s.div_(l_safe)  # by the fp32 sum: l itself can pass fp16's range (70000 keys of weight 1)
-            o = torch.matmul(s.view(p.B, p.Hkv, rows, kend).to(num.compute), src.value(0, kend, num.compute))
+            o = matmul(s.view(p.B, p.Hkv, rows, kend).to(num.compute), src.value(0, kend, num.compute))
         else:
             v = src.value(0, kend, num.compute)
-            o = torch.matmul(s.view(p.B, p.Hkv, rows, kend).to(v.dtype), v)
+            o = matmul(s.view(p.B, p.Hkv, rows, kend).to(v.dtype), v)
             o = (o.view(p.B, p.Hkv, p.G, i1 - i0, p.Ev).to(num.stats) / l_safe)
         del s
         if p.dropout_p > 0:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from ..gemm import matmul
 from ..numerics import flush_to_zero_, safe_max
 from ..tiles import TileOutputs, TileSource, query_tiles
 
@@ -38,7 +39,7 @@ def forward(src: TileSource, block_q: int, block_kv: int, need_stats: bool) -> T
             l.mul_(alpha).add_(w.sum(-1, keepdim=True))
             if p.dropout_p > 0:
                 w.masked_fill_(~src.keep(i0, i1, j0, j1), 0.0)
-            pv = torch.matmul(w.view(p.B, p.Hkv, rows, j1 - j0).to(pv_dtype), src.value(j0, j1, pv_dtype))
+            pv = matmul(w.view(p.B, p.Hkv, rows, j1 - j0).to(pv_dtype), src.value(j0, j1, pv_dtype))
             acc.mul_(alpha).add_(pv.view(p.B, p.Hkv, p.G, bq, p.Ev))
             m = m_new
         l_safe = torch.where(l == 0, torch.ones_like(l), l)
