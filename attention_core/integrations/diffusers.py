@@ -84,6 +84,10 @@ class Route:
                     repl[name] = self.functional
             glob = dict(fn.__globals__)
             glob.update(repl)
+            # no __name__: torch.compile (torch 2.5's dynamo) reads a function's globals through the module of that
+            # name when there is one (the original module, without our names: wrong guards, a failed compile), and
+            # through the dict itself when there is none
+            glob.pop("__name__", None)
             new = types.FunctionType(fn.__code__, glob, fn.__name__, fn.__defaults__, fn.__closure__)
             new.__kwdefaults__ = copy.copy(fn.__kwdefaults__)
             new.__dict__.update(fn.__dict__)

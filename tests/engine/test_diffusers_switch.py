@@ -287,7 +287,7 @@ def test_torch_compile_of_a_switched_model_runs_the_engine_in_the_graph():
     td.use_tiled(model)
     try:
         eager = out(model, inputs)
-        compiled = torch.compile(model, backend="aot_eager")
+        compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
         start = td.calls(model)
         got = out(compiled, inputs)
         all_, in_graph = td.calls(model)
