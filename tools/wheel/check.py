@@ -21,6 +21,7 @@ pinned tools). Default --torch-env: the environment of the Python running it.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import re
@@ -198,7 +199,7 @@ def smoke_tests(src: str, dest: str) -> list:
     return copied
 
 
-def check_beside(env: str, wheel: str, src: str, work: str, version: str, smoke_k: str) -> dict:
+def check_beside(env: str, wheel: str, src: str, work: str, version: str, smoke_k: str, tools_py: str) -> dict:
     """Install the wheel into a fresh venv beside env's torch, import it from there, run the smoke tests."""
     env_py = venv_python(env)
     if not os.path.exists(env_py):
@@ -207,14 +208,15 @@ def check_beside(env: str, wheel: str, src: str, work: str, version: str, smoke_
     label = "torch-" + re.sub(r"[^0-9A-Za-z.]+", "_", info["torch"])
     before = distributions(info["site"])
     venv = os.path.join(work, f"venv-{label}")
-    run([env_py, "-m", "venv", venv], f"creating a fresh venv beside torch {info['torch']}", cwd=work)
+    run([env_py, "-m", "venv", "--without-pip", venv], f"creating a fresh venv beside torch {info['torch']}",
+        cwd=work)
     py = venv_python(venv)
     site = json.loads(run([py, "-c", "import json, sysconfig; print(json.dumps(sysconfig.get_path('purelib')))"],
                           "reading the fresh venv's site-packages", cwd=work))
     with open(os.path.join(site, "zz_beside_torch.pth"), "w", encoding="utf-8") as f:
         f.write("\n".join(info["site"]) + "\n")  # after the venv's own site-packages: the wheel's copy comes first
-    run([py, "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel], "pip install --no-deps of the wheel",
-        cwd=work)
+    run([tools_py, "-m", "pip", "--python", py, "install", "-q", "--no-deps", "--no-index", wheel],
+        "pip install --no-deps of the wheel into the fresh venv", cwd=work)
     env_vars = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     env_vars["PYTHONDONTWRITEBYTECODE"] = "1"  # nothing written into the environment's package folders
     got = json.loads(run([py, "-c", INSTALLED_PROBE], "importing the installed attention_core", cwd=work,
@@ -264,11 +266,21 @@ def main(argv=None) -> int:
         content = check_content(wheel, src)
         say(f"built and twine-checked {os.path.basename(wheel)} in {time.monotonic() - t:.0f} s: {content['modules']} "
             f"modules of {PACKAGE} alone, version {content['version']}, requires {content['requires']}")
-        for env in envs:
-            t = time.monotonic()
-            res = check_beside(env, wheel, src, work, content["version"], args.smoke_k)
-            say(f"beside torch {res['torch']} ({env}): installed, imported from the fresh venv; "
-                f"{', '.join(res['files'])}: {res['pytest']} ({time.monotonic() - t:.0f} s)")
+        t = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(envs)) as pool:  # one environment per CPU
+            jobs = [pool.submit(check_beside, env, wheel, src, work, content["version"], args.smoke_k, tools_py)
+                    for env in envs]
+            failed = []
+            for env, job in zip(envs, jobs):
+                try:
+                    res = job.result()
+                except CheckFailed as e:
+                    failed.append(str(e))
+                    continue
+                say(f"beside torch {res['torch']} ({env}): installed, imported from the fresh venv; "
+                    f"{', '.join(res['files'])}: {res['pytest']} ({time.monotonic() - t:.0f} s)")
+        if failed:
+            raise CheckFailed("\n".join(failed))
     except CheckFailed as e:
         say(f"FAILED: {e}")
         return 1
