@@ -30,6 +30,8 @@ process-wide patch (attention_core.enable / patched) does not see it and never r
 torch.compile of a switched model compiles the rebound code (the engine is a custom op); switching a model that is
 already compiled needs a recompile (torch.compiler.reset() or a new torch.compile of the switched model).
 
+Switch between calls, not while another thread runs the model (a call in flight may see some layers switched).
+
 Refusals, at use_tiled, before anything changes (ValueError naming the module, the processor and what to use): an
 attention whose code reaches torch's SDPA other than through those two names, a processor that computes attention
 without SDPA (AttnProcessor's explicit matmuls: set model.set_attn_processor(AttnProcessor2_0()) first), a model
@@ -228,6 +230,12 @@ def _processor_of(module):
 def _plan(model):
     """(processor sites [(path, module, processor, names)], forward sites [(path, module, names)], refusals)."""
     procs, forwards, refusals = [], [], []
+    read = {}  # function -> attention_names(function): each class's code is read once
+
+    def names_of(fn):
+        if fn not in read:
+            read[fn] = attention_names(fn)
+        return read[fn]
     for path, module in model.named_modules():
         where = f"{type(model).__name__}.{path}" if path else type(model).__name__
         proc = _processor_of(module)
@@ -237,7 +245,7 @@ def _plan(model):
                 refusals.append(f"{where}: context parallelism is on (parallel_config of {cls.__name__}); the "
                                 f"tiled switch runs attention on one device: use diffusers' 'native' backend")
                 continue
-            names, unreachable = attention_names(cls.__call__)
+            names, unreachable = names_of(cls.__call__)
             if unreachable:
                 refusals.append(f"{where}: processor {cls.__name__} {unreachable}, which the tiled switch cannot "
                                 f"reach; use attention_core.patched() (process-wide) instead")
@@ -248,7 +256,7 @@ def _plan(model):
             else:
                 procs.append((where, module, proc, names))
         forward = type(module).forward
-        names, unreachable = attention_names(forward)
+        names, unreachable = names_of(forward)
         if unreachable:
             refusals.append(f"{where}: {type(module).__name__}.forward {unreachable}, which the tiled switch cannot "
                             f"reach; use attention_core.patched() (process-wide) instead")
@@ -318,7 +326,8 @@ def use_tiled(model_or_pipeline, **options) -> dict:
         found[name] = len(procs) + len(forwards)
     if not any(found.values()):
         raise ValueError(f"tiled attention: found no attention in {type(model_or_pipeline).__name__} that calls "
-                         f"torch's SDPA or diffusers' dispatch_attention_fn: nothing to switch")
+                         f"torch's SDPA or diffusers' dispatch_attention_fn: nothing to switch (a transformers "
+                         f"model chooses its attention with attn_implementation)")
     for model in models.values():
         _unswitch(model)
         _switch(model, options)
