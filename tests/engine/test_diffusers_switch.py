@@ -232,6 +232,30 @@ def test_the_process_wide_patch_and_the_switch_never_route_a_call_twice():
     assert engine_total() - total == 2 * n
 
 
+def test_diffusers_own_process_wide_backend_neither_moves_nor_reaches_a_switched_model():
+    """use_tiled leaves diffusers' active backend as it is; diffusers' own attention_backend(...) block (process-wide)
+    then moves the other model, never the switched one."""
+    from diffusers.models import attention_dispatch
+    if not hasattr(attention_dispatch, "attention_backend"):
+        pytest.skip(f"not applicable: diffusers {diffusers.__version__} has no attention_backend")
+    model, inputs = wan()
+    other, _ = wan()
+    active = attention_dispatch._AttentionBackendRegistry._active_backend
+    td.use_tiled(model)
+    try:
+        assert attention_dispatch._AttentionBackendRegistry._active_backend == active
+        with attention_dispatch.attention_backend("_native_math"):
+            start = td.calls(model)[0]
+            with torch_sdpa_calls() as seen:
+                out(model, inputs)
+            assert seen == [] and td.calls(model)[0] - start == 4
+            with torch_sdpa_calls() as seen:
+                out(other, inputs)
+            assert len(seen) == 4 and td.calls(other) == (0, 0)
+    finally:
+        td.reset(model)
+
+
 def test_tiled_block_restores_the_state_before_it():
     model, inputs = flux()
     native = out(model, inputs)
