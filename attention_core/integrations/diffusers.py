@@ -30,6 +30,8 @@ process-wide patch (attention_core.enable / patched) does not see it and never r
 torch.compile of a switched model compiles the rebound code (the engine is a custom op); switching a model that is
 already compiled needs a recompile (torch.compiler.reset() or a new torch.compile of the switched model).
 
+A submodule object that is also part of another model (a processor that is a torch module, shared through
+set_attn_processor(one_object)) is switched for both: it is one object; plain processor objects are copied per module.
 Switch between calls, not while another thread runs the model (a call in flight may see some layers switched).
 
 Refusals, at use_tiled, before anything changes (ValueError naming the module, the processor and what to use): an
@@ -239,7 +241,9 @@ def _plan(model):
     for path, module in model.named_modules():
         where = f"{type(model).__name__}.{path}" if path else type(model).__name__
         proc = _processor_of(module)
-        if proc is not None:
+        # a processor that is a torch module computing in its forward is one of named_modules(): its forward is read
+        # (and rebound) below, as any module's
+        if proc is not None and type(proc).__call__ is not torch.nn.Module.__call__:
             cls = getattr(type(proc), "_tiled_attention_original", type(proc))
             if getattr(proc, "_parallel_config", None) is not None:
                 refusals.append(f"{where}: context parallelism is on (parallel_config of {cls.__name__}); the "

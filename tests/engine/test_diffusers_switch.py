@@ -357,3 +357,28 @@ def test_context_parallel_calls_are_refused_at_the_call():
         route.dispatch(q, q, q, parallel_config=object())
     with pytest.raises(NotImplementedError, match=r"attention_kwargs \['return_lse'\]"):
         route.dispatch(q, q, q, attention_kwargs={"return_lse": True})
+
+
+class _ModuleProcessor(torch.nn.Module):
+    """A processor that is a torch module with its attention in forward (called through Module.__call__)."""
+
+    def forward(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None):
+        b, c, h, w = hidden_states.shape
+        x = hidden_states.flatten(2).transpose(1, 2)[:, None]
+        q, k, v = attn.to_q(x), attn.to_k(x), attn.to_v(x)
+        y = F.scaled_dot_product_attention(q, k, v)[:, 0]
+        return attn.to_out[0](y).transpose(1, 2).reshape(b, c, h, w) + hidden_states
+
+
+def test_a_processor_module_with_attention_in_its_forward_is_switched_through_its_forward():
+    model, inputs = sd_vae()
+    model.set_attn_processor(_ModuleProcessor())
+    with torch_sdpa_calls() as native_calls:
+        native = out(model, inputs)
+    with td.tiled(model) as done:
+        assert done[""] == 1  # set_attn_processor put one object in both attention modules: one forward rebound
+        start = td.calls(model)[0]
+        with torch_sdpa_calls() as seen:
+            tiled = out(model, inputs)
+        assert seen == [] and td.calls(model)[0] - start == len(native_calls) == 2
+    assert float((tiled - native).abs().max()) <= 1e-5 * float(native.abs().max())
