@@ -21,7 +21,9 @@ Public API (what the README documents; these names and import paths stay importa
 Everything else (attention_core.kernel but its ops' two functions, attention_core.device, the ffn package's modules,
 cli_args) is internal and may move.
 Importing this package changes nothing global; under torch < 2.5 it raises torch_version.TorchTooOld (an
-ImportError naming the torch needed).
+ImportError naming the torch needed). __version__ is pyproject.toml's [project] version, the one place it is written,
+read when first asked: from the pyproject.toml beside this package (a clone, a ComfyUI custom_nodes folder), else from
+the installed distribution's metadata (the wheel, built from that file).
 """
 from .device.torch_version import require_torch
 
@@ -37,4 +39,10 @@ from . import ops  # attention_core.ops.attention_forward, as the README documen
 
 __all__ = ["scaled_dot_product_attention", "detect", "DeviceReport", "enable", "disable", "is_enabled", "patched",
            "chunk_ffn", "unchunk_ffn", "ChunkedFFN", "AttentionMemoryError", "TIERS", "TIER_CHOICES"]
-from .version import VERSION as __version__  # pyproject.toml's [project] version, read once
+
+
+def __getattr__(name):  # PEP 562: attention_core.__version__ is read when asked, not at import
+    if name == "__version__":
+        from .version import version
+        return version()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -24,12 +24,12 @@ DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16"
 
 class Parser(argparse.ArgumentParser):
     """argparse with one-line errors: `error: <message>` on stderr, exit status 2; every command has `--version`
-    (the pack's version, `attention_core.version.VERSION`)."""
+    (the pack's version, `attention_core.version.version()`)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        from .version import VERSION
-        self.add_argument("--version", action="version", version=f"%(prog)s {VERSION} (tiled-attention)")
+        from .version import version
+        self.add_argument("--version", action="version", version=f"%(prog)s {version()} (tiled-attention)")
 
     def error(self, message):  # noqa: D102 - argparse's hook
         self.exit(2, "error: " + " ".join(str(message).split()) + "\n")

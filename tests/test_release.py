@@ -22,12 +22,12 @@ def load_version_module():
 
 
 def test_the_package_reads_pyproject_s_version():
-    assert load_version_module().VERSION == pyproject()["project"]["version"]
+    assert load_version_module().version() == pyproject()["project"]["version"]
 
 
 def test_only_the_project_table_s_version_counts(tmp_path):
     f = tmp_path / "pyproject.toml"
-    f.write_text('[tool.other]\nversion = "9.9.9"\n\n[project]\nname = "x"\nversion = "1.2.3"\n[tool.x]\nversion = "0"\n')
+    f.write_text('[tool.other]\nversion = "9.9.9"\n\n[project]\nname = "tiled-attention"\nversion = "1.2.3"\n[tool.x]\nversion = "0"\n')
     assert load_version_module().from_pyproject(str(f)) == "1.2.3"
     assert load_version_module().from_pyproject(str(tmp_path / "none.toml")) is None
 

@@ -57,7 +57,8 @@ def _top_level_imports(path):
 PUBLIC = {"attention_core", "attention_core.sdpa", "attention_core.patch", "attention_core.ffn",
           "attention_core.parallel", "attention_core.multidevice",
           "attention_core.ops",  # a documented path kept: re-exports kernel/ops.py (tests/engine/test_public_paths.py)
-          "attention_core.version"}  # the pack's version, pyproject.toml's (attention_core.__version__, --version)
+          "attention_core.version",  # the pack's version, pyproject.toml's (attention_core.__version__, --version)
+          "attention_core.integrations"}  # the engine inside other libraries (integrations/diffusers.py, ...)
 COMMANDS = {f"attention_core.{c}" for c in ("bench", "calibrate", "plan", "report", "selfcheck", "tune",
                                             "cli_args", "estimate")}  # the last two: what the commands share
 LAYERS = ("attention_core.device", "attention_core.kernel")  # bottom first: each imports only itself and below
@@ -76,8 +77,8 @@ def test_the_top_level_holds_only_the_public_entry_points_and_the_commands():
         f"points and documented commands live at the top (then add it to PUBLIC or COMMANDS here)")
     subpackages = {p.name for p in PKG.iterdir() if (p / "__init__.py").exists()}
     # ffn/ and parallel/ are public entry points (FFN chunking; Ulysses and ring) split by duty, not layers: they sit
-    # at the top with sdpa and patch
-    assert subpackages == {"kernel", "device", "ffn", "parallel"}, subpackages
+    # at the top with sdpa and patch; integrations/ holds one public entry point per library (diffusers, transformers)
+    assert subpackages == {"kernel", "device", "ffn", "parallel", "integrations"}, subpackages
 
 
 def test_the_wheel_lists_every_subpackage():
