@@ -106,7 +106,7 @@ def run_case(case: dict) -> dict:
 
         def run():
             out = model(input_ids=tok, logits_to_keep=1, **_cache_kw(model, cache)).logits
-            cache.crop(n)  # every measured step sees the same N cached tokens
+            cache.crop(-1)  # drop the step's token: every measured step sees the same N cached tokens
             return out
 
         def warm():
