@@ -220,7 +220,9 @@ def plot(rows: list, methods: list, labels: dict, path: str, title: str, load_te
         ax.set_title(what, fontsize=9)
         ax.tick_params(labelsize=7)
         ax.grid(True, axis="x", which="both", alpha=0.3)
-    fig.suptitle(title + ("\nmeasured at: " + load_text if load_text else ""), fontsize=9)
+    import textwrap
+    text = textwrap.fill(title, 150) + ("\n" + textwrap.fill("measured at: " + load_text, 150) if load_text else "")
+    fig.suptitle(text, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
