@@ -202,28 +202,37 @@ def plot(rows: list, methods: list, labels: dict, path: str, title: str, load_te
         print("matplotlib is not installed: no plot (pip install matplotlib)", file=sys.stderr)
         return False
     sizes = list(dict.fromkeys(r["size"] for r in rows))
-    fig, axes = plt.subplots(1, 2, figsize=(12, 0.9 + 0.35 * len(sizes) * len(methods) + 1.2), squeeze=False)
+    fig, axes = plt.subplots(1, 2, figsize=(13, 1.6 + 0.32 * len(sizes) * len(methods)), squeeze=False,
+                             sharey=True)
     for ax, key, what in ((axes[0][0], "ms", "time (ms)"), (axes[0][1], "peak_mb", "peak extra memory (MB)")):
         names, vals, colors = [], [], []
         for s in sizes:
             for i, m in enumerate(methods):
                 r = next((x for x in rows if x["size"] == s and x["method"] == m), {})
                 names.append(f"{s}  {labels.get(m, m)}")
-                vals.append(max(r.get(key, 0), 0.1) if key in r else 0)
+                vals.append(max(r[key], 0.1) if key in r else 0)
                 colors.append(f"C{i}")
         bars = ax.barh(names, vals, color=colors)
-        for b, v, n in zip(bars, vals, names):
-            ax.text(max(v, 0.1), b.get_y() + b.get_height() / 2, f" {v:,.0f}" if v else " not run / out of memory",
-                    va="center", fontsize=7)
         ax.set_xscale("log")
-        ax.invert_yaxis()
+        ran = [v for v in vals if v]
+        if ran:
+            ax.set_xlim(min(ran) / 2, max(ran) * 4)  # room for the figures after the bars
+        for b, v in zip(bars, vals):
+            y = b.get_y() + b.get_height() / 2
+            if v:
+                ax.text(v, y, f" {v:,.0f}", va="center", fontsize=7)
+            else:
+                ax.text(0.01, y, "not run (out of memory or not available)", va="center", fontsize=7,
+                        transform=ax.get_yaxis_transform())
+        ax.invert_yaxis() if key == "ms" else None
         ax.set_title(what, fontsize=9)
         ax.tick_params(labelsize=7)
         ax.grid(True, axis="x", which="both", alpha=0.3)
     import textwrap
     text = textwrap.fill(title, 150) + ("\n" + textwrap.fill("measured at: " + load_text, 150) if load_text else "")
     fig.suptitle(text, fontsize=9)
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.2, right=0.98, wspace=0.08, top=1 - 0.95 / fig.get_figheight(), bottom=0.35 /
+                        fig.get_figheight())
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return True
