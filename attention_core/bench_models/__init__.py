@@ -179,7 +179,8 @@ def main(argv=None) -> int:
         for r in wrong:
             print(f"warning: {r['size']} {r['method']}: the engine ran {r['routed']} of the {r['expected']} attention "
                   "calls it should have (the others went elsewhere)")
-    loaded = f"{machine_load.describe(load)}; load average {info['load_start']} at the start, {info['load_end']} at the end"
+    loaded = (f"{machine_load.describe(load)}; load average {info['load_start']} at the start, {info['load_end']} at "
+              "the end")
     print(f"\nmeasured at: {loaded}")
     if a.json or a.plot:
         refused = machine_load.refusal(load, " / ".join(f for f, v in (("--json", a.json), ("--plot", a.plot)) if v))
