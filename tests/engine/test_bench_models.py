@@ -74,8 +74,10 @@ def test_qwen_presets_run_and_route_every_call(capsys, tmp_path, preset, sizes):
 
 
 def test_qwen_math_over_the_memory_budget_is_said(capsys, tmp_path):
+    png = tmp_path / "chart.png"
     text, saved = _run(capsys, tmp_path, "qwen2.5-0.5b-prefill", "--sizes", "256", "--methods", "math,engine",
-                       "--memory-budget-gb", "0.001")
+                       "--memory-budget-gb", "0.001", "--plot", str(png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     (head, rows), = _tables(text).values()
     assert rows[0][1] == "out of memory" and _cell_ok(rows[0][2]) and rows[0][3] == "only engine (global patch) ran"
     assert "over the 0.0 GB budget (--memory-budget-gb): out of memory here" in text
