@@ -45,7 +45,7 @@ def help_lines() -> str:
 def _parser():
     from .. import cli_args
     from ..device import machine_load
-    ap = cli_args.Parser(prog="python -m attention_core.bench --preset MODEL", description=__doc__.split("\n\n")[0],
+    ap = cli_args.Parser(prog="python -m attention_core.bench", description=__doc__.split("\n\n")[0],
                          epilog="model presets: " + help_lines())
     ap.add_argument("--preset", required=True, choices=list(PRESETS))
     ap.add_argument("--sizes", type=cli_args.int_list(1), default=None,

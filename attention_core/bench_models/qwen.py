@@ -20,8 +20,6 @@ import contextlib
 from . import measure
 
 NAMES = {"prefill": "qwen2.5-0.5b-prefill", "decode": "qwen2.5-0.5b-decode"}
-SUMMARY = {"prefill": "Qwen 2.5 0.5B prefill at 1K-16K tokens (transformers' Qwen2, real widths, reduced depth)",
-           "decode": "Qwen 2.5 0.5B decode step: one query token against a 4K and a 16K cache"}
 METHODS = ["math", "engine", "torch"]
 LABELS = {"math": "math SDPA", "engine": "engine (global patch)", "torch": "torch default SDPA"}
 SIZES = {"prefill": [1024, 2048, 4096, 8192, 16384], "decode": [4096, 16384]}

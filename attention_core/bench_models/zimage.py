@@ -24,7 +24,6 @@ import sys
 from . import measure
 
 NAME = "zimage-turbo"
-SUMMARY = "Z-Image Turbo DiT at 512-2048 px: attention (30 x 128 heads, image + text tokens) and one DiT step"
 DIM, HEADS, HEAD_DIM, LAYERS, REFINERS, PATCH, VAE, LATENT_CH, CAP_DIM, PAD = 3840, 30, 128, 30, 2, 2, 8, 16, 2560, 32
 ATTN_METHODS = ["math", "auto", "torch", "comfy-subquad"]  # attention_core.bench's method names
 ATTN_LABELS = {"math": "math SDPA", "auto": "engine", "torch": "torch default SDPA",
