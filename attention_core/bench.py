@@ -13,6 +13,10 @@ Presets (video self-attention, batch 1; tokens from attention_core.plan's latent
     wan-14b-480p    N=32,760  40 x 128  Wan 2.1/2.2 14B, 832x480, 81 frames
     ltx23-22b-720p  N=14,960  32 x 128  LTX-2.3 22B video stream, 1280x704, 129 frames
     reference       N=1024,2048,4096  16 x 64  the reference project's benchmark shape
+Model presets (whole models and their steps, their own options: --preset NAME --help; attention_core.bench_models):
+    zimage-turbo           Z-Image Turbo: attention at 512-2048 px (+ ComfyUI's sub-quadratic), a DiT step in ComfyUI
+    qwen2.5-0.5b-prefill   Qwen 2.5 0.5B prefill at 1K-16K tokens, transformers' Qwen2 through the global patch
+    qwen2.5-0.5b-decode    Qwen 2.5 0.5B decode step: one token against a 4K and a 16K cache
 
 Methods: torch math SDPA, torch's default SDPA (fused where it exists), each tier of this engine (`chunked-prev`,
 `auto-prev`: the same with the default CPU tiles before issue 18.5, 2^21 scores a forward tile; `chunked-queries`,
@@ -456,9 +460,12 @@ def load_results(path, with_info=False):
 
 
 def main(argv=None):
-    from . import cli_args
+    from . import bench_models, cli_args
+    if bench_models.wants(sys.argv[1:] if argv is None else argv):  # a model preset: its own options and tables
+        return bench_models.main(argv)
     ap = cli_args.Parser(prog="python -m attention_core.bench", description=__doc__.split("\n\n")[0],
-                         epilog="presets: " + ", ".join(PRESETS))
+                         epilog="presets: " + ", ".join(PRESETS) + "; model presets (--preset NAME --help for "
+                         "their options): " + bench_models.help_lines())
     ap.add_argument("--case", help=argparse.SUPPRESS)
     ap.add_argument("--preset", type=cli_args.choice_list(PRESETS, "presets"),
                     help="comma-separated presets (real model shapes; see the module docstring)")
