@@ -42,7 +42,11 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 # text tokens of the cross-attention context: Wan's T5 (text_len 512, comfy/ldm/wan/model.py); LTX-2.3's Gemma
 # connector (1024 tokens, assumed: the prompt's padded length)
-TEXT_TOKENS = {"wan22-5b": 512, "wan-14b": 512, "ltx23-22b": 1024}
+TEXT_TOKENS = {"wan22-5b": 512, "wan-14b": 512, "ltx23-22b": 1024, "z-image-turbo": 0}
+# Z-Image Turbo has no cross-attention (its 128 assumed text tokens are in plan's token count): 0 text tokens; the
+# block arithmetic above still counts two cross projections over the image tokens (2 N C^2) and a two-matrix FFN
+# where Z-Image's SwiGLU has three (N C F more): at C 3840, F 10240 that counts 6 C^2 + 2 C F = 167 MFLOP a
+# token for 4 C^2 + 3 C F = 177 real, 6 % under
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,7 @@ STAGES: Dict[str, Tuple[Stage, ...]] = {
     "wan22-5b": (Stage("sampling", 20, 2, 1.0),),
     "wan-14b": (Stage("sampling", 20, 2, 1.0),),
     "ltx23-22b": (Stage("stage 1 (half size)", 20, 2, 0.5), Stage("stage 2 (full size)", 3, 1, 1.0)),
+    "z-image-turbo": (Stage("sampling", 8, 1, 1.0),),  # workflows/Z-Image Turbo *.json: KSampler 8 steps, cfg 1
 }
 METHODS = {"pack": "this pack (auto)", "subquad": "ComfyUI sub-quadratic"}
 CALIBRATE_CMD = "python -m attention_core.calibrate"

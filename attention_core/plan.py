@@ -3,7 +3,8 @@
     python -m attention_core.plan --model wan22-5b --width 1280 --height 720 --frames 121 [--free-gb 32]
 
 Tokens follow each model's latent rules: latent frames = 1 + (F - 1) // t, latent rows = H // s, columns W // s
-(VAE compression t x s x s), then the DiT's patch (pt, ps, ps) pads up: tokens = ceil(lf/pt)*ceil(lh/ps)*ceil(lw/ps).
+(VAE compression t x s x s), then the DiT's patch (pt, ps, ps) pads up: tokens = ceil(lf/pt)*ceil(lh/ps)*ceil(lw/ps)
+(an image model, Z-Image Turbo: frames 1, plus the text tokens that join its self-attention).
 Score memory of one self-attention call (batch item count `batch`, h heads, N tokens, e bytes per element):
   math SDPA             scores + softmax output: 2 * b*h * N * N * e
   ComfyUI sub-quadratic its own rule (comfy/ldm/modules/sub_quadratic_attention.py + attention.py): the largest
@@ -40,6 +41,7 @@ class ModelSpec:
     ffn: int              # hidden width of the block's feed-forward
     layers: int
     source: str           # where these numbers come from
+    joint_text: int = 0   # text tokens that join every self-attention call (Z-Image: the prompt's, padded to 32s)
 
     @property
     def width(self) -> int:
@@ -60,6 +62,12 @@ MODELS: Dict[str, ModelSpec] = {
         "comfy/ldm/lightricks/av_model.py LTXAVModel (video: 32 heads x 128 = 4096, FeedForward mult 4 -> 16384, "
         "48 layers; model_detection.py takes head_dim = attn2.to_k rows // 32), EmptyLTXVLatentVideo "
         "(128 x (F-1)//8+1 x H//32 x W//32), SymmetricPatchifier(1)"),
+    "z-image-turbo": ModelSpec(
+        "z-image-turbo", "Z-Image Turbo 6B (image)", (1, 8, 8), (1, 2, 2), 30, 128, 10240, 30,
+        "comfy/ldm/lumina/model.py NextDiT as model_detection.py builds Z-Image (dim 3840 = 30 x 128, "
+        "ffn_dim_multiplier 8/3 -> SwiGLU hidden 10240, 30 layers plus 2 noise and 2 context refiners), "
+        "EmptySD3LatentImage (16 x H//8 x W//8), patch 2; the prompt's tokens join the image tokens in every "
+        "main layer (assumed 128: a prompt of up to 128 Qwen3 tokens, padded to multiples of 32)", 128),
 }
 
 # the pack's tier costs per score element of one tile (mirrors attention_core.kernel.memory.bytes_per_score without
@@ -77,6 +85,8 @@ PRESETS = {
     "wan22-5b-720p": ("wan22-5b", 1280, 720, 121, None, 24, 128),
     "wan-14b-480p": ("wan-14b", 832, 480, 81, None, 40, 128),
     "ltx23-22b-720p": ("ltx23-22b", 1280, 704, 129, None, 32, 128),
+    "z-image-turbo-1024": ("z-image-turbo", 1024, 1024, 1, None, 30, 128),
+    "z-image-turbo-1536": ("z-image-turbo", 1536, 1536, 1, None, 30, 128),
     "reference": (None, 0, 0, 0, [1024, 2048, 4096], 16, 64),
 }
 
@@ -134,10 +144,12 @@ def min_size_reason(model: ModelSpec, pixels: str) -> str:
 
 
 def tokens(model: ModelSpec, width: int, height: int, frames: int) -> int:
-    """Video tokens of one self-attention call: the latent padded up to whole patches, one token per patch."""
+    """Tokens of one self-attention call: the latent padded up to whole patches, one token per patch, plus the
+    text tokens that join it (model.joint_text: Z-Image; 0 for the video models, whose text is cross-attended)."""
     lf, lh, lw = latent_shape(model, width, height, frames)
     pt, ph, pw = model.patch
-    return math.ceil(lf / pt) * math.ceil(lh / ph) * math.ceil(lw / pw)
+    latent = math.ceil(lf / pt) * math.ceil(lh / ph) * math.ceil(lw / pw)
+    return latent + model.joint_text if latent else 0  # no latent token: no call to join
 
 
 def tier_bytes_per_score(tier: str, elem: int, cpu: bool = False) -> int:
@@ -399,7 +411,9 @@ def report(est: dict) -> str:
     out = [f"{s.title} at {est['width']}x{est['height']}, {est['frames']} frames ({dt}, batch {est['batch']}, "
            f"free {_gb(free)})",
            f"  latent {lf} x {lh} x {lw} (VAE {s.vae[0]}x{s.vae[1]}x{s.vae[2]}), patch "
-           f"{s.patch[0]}x{s.patch[1]}x{s.patch[2]} -> {n:,} video tokens; {s.heads} heads x {s.head_dim}",
+           f"{s.patch[0]}x{s.patch[1]}x{s.patch[2]} -> "
+           + (f"{n:,} tokens ({n - s.joint_text:,} image + {s.joint_text} text)" if s.joint_text
+              else f"{n:,} video tokens") + f"; {s.heads} heads x {s.head_dim}",
            f"  q, k, v in {'ComfyUI' if est['layout'] == 'comfyui' else 'contiguous heads'} layout; "
            f"tiles compute in {est['compute']} (precision {est['precision']})",
            "", "  memory of one self-attention call (transient, beyond q, k, v and the output):",

@@ -34,7 +34,7 @@ class AttentionFit(io.ComfyNode):
             inputs=[
                 io.Combo.Input("model", options=sorted(plan.MODELS), default="wan22-5b",
                                tooltip="wan22-5b: Wan 2.2 TI2V 5B; wan-14b: Wan 2.1/2.2 14B; ltx23-22b: LTX-2.3 "
-                                       "22B (video stream)"),
+                                       "22B (video stream); z-image-turbo: Z-Image Turbo 6B (an image: frames 1)"),
                 io.Int.Input("width", default=1280, min=16, max=8192, step=16, tooltip="video width in pixels"),
                 io.Int.Input("height", default=720, min=16, max=8192, step=16, tooltip="video height in pixels"),
                 io.Int.Input("frames", default=121, min=1, max=2049, step=1, tooltip="video length in frames"),
@@ -44,7 +44,7 @@ class AttentionFit(io.ComfyNode):
                                tooltip="free memory to plan for; 0 = what ComfyUI's device has free now"),
                 io.Int.Input("blocks", default=0, min=0, max=plan.MAX_BLOCKS, step=1, optional=True,
                              tooltip="DiT blocks a step runs for the time estimate: 0 = all of the model's (Wan "
-                                     "2.2 5B 30, Wan 14B 40, LTX-2.3 48); 1 to compare with a one-block run such "
+                                     "2.2 5B 30, Wan 14B 40, LTX-2.3 48, Z-Image Turbo 30); 1 to compare with a one-block run such "
                                      "as ./dev demo (the report gives the time per block too)"),
             ],
             outputs=[io.String.Output(display_name="report")],

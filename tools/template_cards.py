@@ -34,6 +34,7 @@ PIXEL_TOLERANCE = 8  # JPEG encoders of different libjpeg builds round different
 PALETTES = {
     "Wan 2.2": ((24, 32, 74), (70, 30, 96), (120, 190, 255)),
     "LTX-2.3": ((10, 52, 58), (44, 28, 20), (255, 176, 72)),
+    "Z-Image Turbo": ((52, 20, 40), (16, 24, 60), (255, 120, 160)),
 }
 WHITE, SOFT = (246, 246, 250), (200, 204, 220)
 
@@ -98,9 +99,13 @@ def draw_card(facts):
     size = f"{facts.width}\u00d7{facts.height}"
     draw.text((MARGIN, y), size, font=_fit(draw, size, "DejaVuSans-Bold.ttf", 88, width), fill=WHITE)
     y += 104
-    length = f"{facts.frames} frames \u00b7 {_seconds(facts)} \u00b7 {facts.fps:g} fps"
+    length = "one image" if facts.image else f"{facts.frames} frames \u00b7 {_seconds(facts)} \u00b7 {facts.fps:g} fps"
     draw.text((MARGIN, y), length, font=_fit(draw, length, "DejaVuSans.ttf", 32, width), fill=SOFT)
-    if facts.stages > 1:
+    if facts.experts > 1:
+        y += 42
+        experts = f"{facts.experts} experts: high \u2192 low noise"
+        draw.text((MARGIN, y), experts, font=_fit(draw, experts, "DejaVuSans.ttf", 28, width), fill=SOFT)
+    elif facts.stages > 1:
         y += 42
         stages = f"{facts.stages} stages" + (f", \u00d7{facts.upscale:g} latent upscale" if facts.upscale != 1 else "")
         draw.text((MARGIN, y), stages, font=_fit(draw, stages, "DejaVuSans.ttf", 28, width), fill=SOFT)

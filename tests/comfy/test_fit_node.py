@@ -13,11 +13,11 @@ def fit_node():
     return importlib.import_module(PACK_NAME + ".nodes.fit").AttentionFit
 
 
-def test_schema_offers_the_three_models():
+def test_schema_offers_the_four_models():
     schema = fit_node().define_schema()
     assert schema.node_id == "TiledAttentionFit"
     combo = next(i for i in schema.inputs if i.id == "model")
-    assert set(combo.options) == {"wan22-5b", "wan-14b", "ltx23-22b"}
+    assert set(combo.options) == {"wan22-5b", "wan-14b", "ltx23-22b", "z-image-turbo"}
 
 
 def test_same_report_as_the_plan_module():

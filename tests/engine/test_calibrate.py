@@ -407,7 +407,7 @@ def test_cli_flags(tmp_path, monkeypatch, capsys, fake_measure):
 @pytest.mark.parametrize("args, message", [
     (["--dtype", "fp64"], "error: argument --dtype: invalid choice: 'fp64' (choose from 'fp16', 'bf16', 'fp32')"),
     (["--model", "sdxl"], "error: argument --model: invalid choice: 'sdxl' (choose from 'ltx23-22b', 'wan-14b', "
-                          "'wan22-5b')"),
+                          "'wan22-5b', 'z-image-turbo')"),
     (["--comfyui", "/nonexistent"], "error: argument --comfyui: expected a ComfyUI folder (one with "
                                     "comfy/model_management.py), got '/nonexistent'"),
     (["--device", "tpu"], "error: argument --device: unknown device 'tpu'; accepted: "),
@@ -445,7 +445,7 @@ def test_runs_as_a_module_with_its_help(monkeypatch, capsys):
     assert e.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
     assert text.startswith("usage: python -m attention_core.calibrate [-h] [--version] [--device DEVICE] [--dtype {fp16,bf16,fp32}] "
-                           "[--model {ltx23-22b,wan-14b,wan22-5b}] [--comfyui COMFYUI] [--out OUT] ")
+                           "[--model {ltx23-22b,wan-14b,wan22-5b,z-image-turbo}] [--comfyui COMFYUI] [--out OUT] ")
     assert ("Device calibration: measured throughput of what a DiT sampling step does, for attention_core.estimate."
             in text)
     assert "dtype to measure (default: fp32 on the CPU, fp16 on a GPU)" in text

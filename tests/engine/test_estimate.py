@@ -213,7 +213,7 @@ def test_small_block_flops_and_default_text_tokens():
     fl = estimate.layer_flops(_small_spec(), 1000)
     assert fl == {"self_proj": 8e9, "cross_proj": 4e9 + 2.048e9, "ffn": 16e9, "self_attn": 4e9,
                   "cross_attn": 2.048e9}
-    assert estimate.TEXT_TOKENS == {"wan22-5b": 512, "wan-14b": 512, "ltx23-22b": 1024}
+    assert estimate.TEXT_TOKENS == {"wan22-5b": 512, "wan-14b": 512, "ltx23-22b": 1024, "z-image-turbo": 0}
     assert estimate.layer_flops(_small_spec("ltx23-22b"), 1000)["cross_attn"] == 4 * 1000 * 1024 * 1000
     assert estimate.layer_flops(_small_spec("wan-14b"), 1000)["cross_attn"] == 4 * 1000 * 512 * 1000
     assert estimate.layer_flops(_small_spec("other"), 1000)["cross_attn"] == 4 * 1000 * 512 * 1000

@@ -24,6 +24,10 @@ def test_named_token_counts():
     assert plan.tokens(plan.MODELS["wan22-5b"], 832, 480, 41) == 4290
     assert plan.tokens(plan.MODELS["wan22-5b"], 1280, 720, 121) == 28520
     assert plan.tokens(plan.MODELS["wan-14b"], 832, 480, 81) == 32760
+    # Z-Image Turbo: 8x VAE, patch 2, plus the 128 text tokens that join its self-attention
+    assert plan.tokens(plan.MODELS["z-image-turbo"], 1024, 1024, 1) == 64 * 64 + 128 == 4224
+    assert plan.tokens(plan.MODELS["z-image-turbo"], 1536, 1536, 1) == 96 * 96 + 128 == 9344
+    assert plan.preset_shapes("z-image-turbo-1536") == [(9344, 30, 128)]
 
 
 def test_tokens_match_comfyui_latent_nodes():
@@ -160,7 +164,8 @@ def test_model_geometry_is_comfyuis():
     head dim, the FFN's hidden width, the layer count (the time estimate multiplies by it), VAE and patch."""
     want = {"wan22-5b": ((4, 16, 16), (1, 2, 2), 24, 128, 3072, 14336, 30),
             "wan-14b": ((4, 8, 8), (1, 2, 2), 40, 128, 5120, 13824, 40),
-            "ltx23-22b": ((8, 32, 32), (1, 1, 1), 32, 128, 4096, 16384, 48)}
+            "ltx23-22b": ((8, 32, 32), (1, 1, 1), 32, 128, 4096, 16384, 48),
+            "z-image-turbo": ((1, 8, 8), (1, 2, 2), 30, 128, 3840, 10240, 30)}
     assert sorted(plan.MODELS) == sorted(want)
     for key, (vae, patch, heads, dim, width, ffn, layers) in want.items():
         m = plan.MODELS[key]
@@ -242,8 +247,10 @@ def test_preset_shapes():
     assert plan.preset_shapes("ltx23-22b-720p") == [(14960, 32, 128)]
     assert plan.preset_shapes("wan22-5b-4096") == [(4096, 24, 128)]
     assert plan.preset_shapes("reference") == [(1024, 16, 64), (2048, 16, 64), (4096, 16, 64)]
+    assert plan.preset_shapes("z-image-turbo-1024") == [(4224, 30, 128)]  # 64 x 64 image + 128 text tokens
     with pytest.raises(ValueError, match=r"unknown preset 'wan'; choose from wan22-5b-480p, wan22-5b-4096, "
-                                         r"wan22-5b-720p, wan-14b-480p, ltx23-22b-720p, reference"):
+                                         r"wan22-5b-720p, wan-14b-480p, ltx23-22b-720p, z-image-turbo-1024, "
+                                         r"z-image-turbo-1536, reference"):
         plan.preset_shapes("wan")
 
 
@@ -535,4 +542,4 @@ def test_cli_help_names_the_blocks_of_each_model(capsys):
     with pytest.raises(SystemExit):
         plan.main(["--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "default: all of the model's (wan22-5b 30, wan-14b 40, ltx23-22b 48)" in out
+    assert "default: all of the model's (wan22-5b 30, wan-14b 40, ltx23-22b 48, z-image-turbo 30)" in out

@@ -1,4 +1,4 @@
-"""Editing API-format prompts of the bundled workflows (Wan 2.2 and LTX-2.3): test sizes, removing Patch Attention,
+"""Editing API-format prompts of the bundled workflows (Wan 2.2 5B and 14B, LTX-2.3, Z-Image Turbo): test sizes, removing Patch Attention,
 saving the final latents, reading outputs and the test shim's attention census."""
 import importlib.util
 import json
@@ -23,7 +23,7 @@ def _ltx_base_size(prompt):
 
 def resized(prompt, prefix, size=None, frames=None, steps=None, mode=None, min_tokens=None):
     """A copy with the latent size / frames / steps / Patch Attention settings replaced where given, outputs
-    under `prefix`. Wan: every decoded frame is also saved as PNG and the latent each decoder reads as
+    under `prefix`. Wan and Z-Image: every decoded frame (image) is also saved as PNG and the latent each decoder reads as
     `<prefix>/latent*.latent` (lossless, for comparisons; `saved_latents` reads them). LTX-2.3: `size` is the
     stage-1 size (EmptyLTXVLatentVideo); the image scale (i2v) and the final crop (1080p) follow it in proportion;
     `steps` sets the stage-1 LTXVScheduler (stage 2's ManualSigmas stay: 3 steps); `frames` sets the video length
@@ -32,10 +32,11 @@ def resized(prompt, prefix, size=None, frames=None, steps=None, mode=None, min_t
     ltx = _ltx_base_size(p)
     for node in p.values():
         ct, inp = node["class_type"], node["inputs"]
-        if ct in ("Wan22ImageToVideoLatent", "EmptyLTXVLatentVideo"):
+        if ct in ("Wan22ImageToVideoLatent", "EmptyLTXVLatentVideo", "EmptyHunyuanLatentVideo", "WanImageToVideo",
+                  "EmptySD3LatentImage"):
             if size:
                 inp.update(width=size[0], height=size[1])
-            if frames:
+            if frames and "length" in inp:
                 inp.update(length=frames)
         elif ct == "LTXVEmptyLatentAudio" and frames:
             inp["frames_number"] = frames
