@@ -56,7 +56,8 @@ def _top_level_imports(path):
 # kernel and the device knowledge each in its own subpackage
 PUBLIC = {"attention_core", "attention_core.sdpa", "attention_core.patch", "attention_core.ffn",
           "attention_core.parallel", "attention_core.multidevice",
-          "attention_core.ops"}  # a documented path kept: re-exports kernel/ops.py (tests/engine/test_public_paths.py)
+          "attention_core.ops",  # a documented path kept: re-exports kernel/ops.py (tests/engine/test_public_paths.py)
+          "attention_core.integrations"}  # other libraries' registries (attn_implementation="tiled"), one module each
 COMMANDS = {f"attention_core.{c}" for c in ("bench", "calibrate", "plan", "report", "selfcheck", "tune",
                                             "cli_args", "estimate")}  # the last two: what the commands share
 LAYERS = ("attention_core.device", "attention_core.kernel")  # bottom first: each imports only itself and below
@@ -75,7 +76,8 @@ def test_the_top_level_holds_only_the_public_entry_points_and_the_commands():
         f"points and documented commands live at the top (then add it to PUBLIC or COMMANDS here)")
     subpackages = {p.name for p in PKG.iterdir() if (p / "__init__.py").exists()}
     # ffn/ is a public entry point (FFN chunking) split by duty, not a layer: it sits at the top with sdpa and patch
-    assert subpackages == {"kernel", "device", "ffn"}, subpackages
+    # integrations/ (adapters into other libraries' attention registries) too: public, one module per library
+    assert subpackages == {"kernel", "device", "ffn", "integrations"}, subpackages
 
 
 def test_the_wheel_lists_every_subpackage():
