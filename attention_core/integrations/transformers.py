@@ -17,7 +17,8 @@ What it covers (what transformers' "sdpa" covers), every call in the engine, nev
   - sliding-window layers (Mistral, Qwen2, Gemma 3's mixed local/global layers): transformers' sliding-window masks
   - dropout in training (the module's attention_dropout, the engine's dropout)
   - packed sequences (several documents per row told apart by position_ids, as DataCollatorWithFlattening makes
-    them, or its cu_seq_lens_q): no N x N mask is built; the mask function returns PACKED (a (batch, 0) boolean
+    them, or its cu_seq_lens_q, which is read, as "flash_attention_2" reads it, also without position_ids): no N x N
+    mask is built; the mask function returns PACKED (a (batch, 0) boolean
     tensor) and each document runs causally on its own, in O(N) memory, as "flash_attention_2" does. A document
     longer than a sliding window gets that window's band mask (document x document booleans) for that document.
 What it refuses, with the implementation that has it: attention-logit soft-capping (Gemma 2: "eager"),
@@ -233,7 +234,10 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
     q_length = query.shape[2]
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     window = kwargs.get("sliding_window")
-    if is_packed_marker(attention_mask):
+    packed = is_packed_marker(attention_mask) or (  # cu_seq_lens_q alone (no restarting position_ids) packs too,
+        attention_mask is None and kwargs.get("cu_seq_lens_q") is not None  # as "flash_attention_2" reads it
+        and q_length == key.shape[2] and q_length > 1)
+    if packed:
         out = _packed(query, key, value, kwargs, window if is_causal else None, dropout, scaling, gqa)
     else:
         is_causal = q_length > 1 and attention_mask is None and bool(is_causal)

@@ -155,6 +155,13 @@ def test_packed_sequences_from_flash_kwargs_of_the_collator(engine_spy):
     assert sorted(c[0] for c in engine_spy) == [6, 6, 9, 9]
     alone = torch.cat([model(batch["input_ids"][:, :6]).logits, model(batch["input_ids"][:, 6:]).logits], dim=1)
     torch.testing.assert_close(out, alone, rtol=1e-9, atol=1e-9)
+    # cu_seq_lens_q alone (positions running on across the documents): still one call per document per layer, and
+    # the same logits (RoPE makes attention depend on relative positions only)
+    engine_spy.clear()
+    kw.pop("position_ids")
+    out = model(**kw, use_cache=False).logits
+    assert sorted(c[0] for c in engine_spy) == [6, 6, 9, 9]
+    torch.testing.assert_close(out, alone, rtol=1e-7, atol=1e-7)
 
 
 def test_dropout_in_training_reaches_the_engine(engine_spy):
