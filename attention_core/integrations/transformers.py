@@ -119,7 +119,9 @@ def attention_mask(batch_size, *args, **kwargs):
 
 # ---- packed documents ------------------------------------------------------------------------------------------
 
-_last_bounds = [None, None, None]  # (weakref to the position_ids tensor, its _version, bounds): layers share one
+# (weakref to the position_ids tensor, (its _version, batch), bounds) of the latest packed call: every layer of a forward gets
+# the same tensor, so the host reads it once per forward; replaced whole, never mutated (threads read it whole)
+_last_bounds = (None, None, None)
 
 
 def _document_bounds(position_ids, cu_seqlens, batch: int, length: int) -> list:
@@ -135,8 +137,13 @@ def _document_bounds(position_ids, cu_seqlens, batch: int, length: int) -> list:
         return [[(0, length)]] * batch
     if position_ids.dim() == 1:
         position_ids = position_ids.unsqueeze(0)
+    global _last_bounds
+    try:
+        current = position_ids._version
+    except RuntimeError:  # an inference-mode tensor has no version counter: nothing cached
+        current = None
     ref, version, bounds = _last_bounds
-    if ref is not None and ref() is position_ids and version == position_ids._version:
+    if current is not None and ref is not None and ref() is position_ids and version == (current, batch):
         return bounds
     pos = position_ids.expand(batch, -1)
     starts = torch.diff(pos, dim=-1) != 1  # a start at column c + 1
@@ -148,7 +155,8 @@ def _document_bounds(position_ids, cu_seqlens, batch: int, length: int) -> list:
     for cuts in per_row:
         edges = [0] + cuts + [length]
         rows.append(list(zip(edges[:-1], edges[1:])))
-    _last_bounds[:] = [weakref.ref(position_ids), position_ids._version, rows]
+    if current is not None:
+        _last_bounds = (weakref.ref(position_ids), (current, batch), rows)
     return rows
 
 

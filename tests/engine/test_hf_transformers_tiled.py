@@ -235,3 +235,19 @@ def test_process_wide_patch_and_tiled_together_never_route_twice(monkeypatch):
     finally:
         attention_core.disable()
         attention_core.patch.reset_stats()
+
+
+def test_document_bounds_read_once_per_tensor_and_again_when_it_changes():
+    """The layers of one forward share the position_ids tensor: its documents are read once; a tensor changed in
+    place, another batch size or an inference-mode tensor (no version counter) is read anew."""
+    pos = torch.cat([torch.arange(3), torch.arange(4)]).unsqueeze(0)
+    assert tiled_hf._document_bounds(pos, None, 1, 7) == [[(0, 3), (3, 7)]]
+    assert tiled_hf._document_bounds(pos, None, 2, 7) == [[(0, 3), (3, 7)]] * 2
+    pos[0, 3] = 3  # one document of 4, then one of 3
+    assert tiled_hf._document_bounds(pos, None, 2, 7) == [[(0, 4), (4, 7)]] * 2
+    with torch.inference_mode():
+        frozen = torch.cat([torch.arange(2), torch.arange(5)]).unsqueeze(0)
+        assert tiled_hf._document_bounds(frozen, None, 1, 7) == [[(0, 2), (2, 7)]]
+    assert tiled_hf._document_bounds(None, torch.tensor([0, 2, 7]), 1, 7) == [[(0, 2), (2, 7)]]
+    with pytest.raises(ValueError, match="cu_seq_lens_q"):
+        tiled_hf._document_bounds(None, torch.tensor([0, 2, 6]), 1, 7)
