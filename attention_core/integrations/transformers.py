@@ -18,9 +18,11 @@ What it covers (what transformers' "sdpa" covers), every call in the engine, nev
   - dropout in training (the module's attention_dropout, the engine's dropout)
   - packed sequences (several documents per row told apart by position_ids, as DataCollatorWithFlattening makes
     them, or its cu_seq_lens_q, which is read, as "flash_attention_2" reads it, also without position_ids): no N x N
-    mask is built; the mask function returns PACKED (a (batch, 0) boolean
-    tensor) and each document runs causally on its own, in O(N) memory, as "flash_attention_2" does. A document
-    longer than a sliding window gets that window's band mask (document x document booleans) for that document.
+    mask is built; the mask function returns PACKED (a (batch, 0) boolean tensor) and each document runs causally on
+    its own, in O(N) memory, as "flash_attention_2" does. A document longer than a sliding window gets that window's
+    band mask (document x document booleans) for that document. transformers 4.5x on torch < 2.6 never marks packed
+    rows (its "sdpa" attends across the documents): there they are found from position_ids here, per document where
+    transformers gave no mask, else by a block-diagonal mask added to the one it gave.
 What it refuses, with the implementation that has it: attention-logit soft-capping (Gemma 2: "eager"),
 output_attentions=True ("eager"), attention sinks (s_aux: "eager"), position_bias ("sdpa").
 Counts: each call runs under count_as=COUNT_KEY (attention_core.kernel.counts: calls(COUNT_KEY) -> (all, compiled)).
@@ -33,6 +35,7 @@ cache, position_ids given or not) runs as one engine call with a block-diagonal 
 """
 from __future__ import annotations
 
+import functools
 import weakref
 
 import torch
@@ -216,6 +219,13 @@ def _packed(q, k, v, kwargs, window, dropout, scaling, gqa):
 
 # ---- the attention function ------------------------------------------------------------------------------------
 
+@functools.lru_cache(maxsize=None)
+def _marks_packing() -> bool:
+    """Whether this transformers marks packed rows in its masks (5.x always; 4.5x only on torch >= 2.6)."""
+    from transformers import masking_utils
+    return bool(getattr(masking_utils, "_is_torch_greater_or_equal_than_2_6", True))
+
+
 def _refuse(what: str, use: str):
     raise ValueError(f"attn_implementation='{NAME}' (the tiled attention engine) does not support {what}; load this "
                      f"model with attn_implementation='{use}' instead")
@@ -245,6 +255,21 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
     packed = is_packed_marker(attention_mask) or (  # cu_seq_lens_q alone (no restarting position_ids) packs too,
         attention_mask is None and kwargs.get("cu_seq_lens_q") is not None  # as "flash_attention_2" reads it
         and q_length == key.shape[2] and q_length > 1)
+    if (not packed and q_length > 1 and key.shape[2] == q_length and not _marks_packing()
+            and (kwargs.get("position_ids") is not None or kwargs.get("cu_seq_lens_q") is not None)):
+        # a transformers that never marks packed rows (4.5x on torch < 2.6; its "sdpa" attends across documents):
+        # the documents are found here, per document in eager calls without a mask, else by a block-diagonal mask
+        if attention_mask is None and not torch.compiler.is_dynamo_compiling():
+            packed = True
+        else:
+            docs = _block_diagonal(kwargs.get("position_ids"), kwargs.get("cu_seq_lens_q"), query.shape[0], q_length,
+                                   None, query.device)
+            if attention_mask is None:
+                attention_mask = docs
+            elif attention_mask.dtype == torch.bool:
+                attention_mask = attention_mask & docs
+            else:
+                attention_mask = attention_mask.masked_fill(~docs, float("-inf"))
     if packed:
         out = _packed(query, key, value, kwargs, window if is_causal else None, dropout, scaling, gqa)
     else:

@@ -132,12 +132,16 @@ def test_packed_sequences_run_per_document_without_a_square_mask(arch, engine_sp
     with hf_tiny.torch_sdpa_spy(monkeypatch) as torch_calls:
         out = model(ids, position_ids=pos, use_cache=False).logits
         assert torch_calls[0] == 0
-    n = ids.shape[1]
-    assert engine_spy and all(c[0] < n and (c[2] is None or c[2][-1] < n) for c in engine_spy), engine_spy
-    assert sorted({c[0] for c in engine_spy}) == sorted(set(lengths))
     cuts = [0, 5, 16, 20]
     alone = torch.cat([model(ids[:, a:b], use_cache=False).logits for a, b in zip(cuts, cuts[1:])], dim=1)
     torch.testing.assert_close(out, alone, rtol=1e-9, atol=1e-9)
+    if not tiled_hf._marks_packing():
+        pytest.skip(f"not applicable: transformers {transformers.__version__} on torch {torch.__version__} does not "
+                    "mark packed rows (its 'sdpa' attends across documents, its sliding masks are N x N): the "
+                    "documents were checked above; test_packed_rows_found_where_transformers_does_not_mark_them")
+    n = ids.shape[1]
+    assert engine_spy and all(c[0] < n and (c[2] is None or c[2][-1] < n) for c in engine_spy[:4]), engine_spy
+    assert sorted({c[0] for c in engine_spy}) == sorted(set(lengths))
     model.set_attn_implementation("sdpa")
     with hf_tiny.math_sdpa():
         ref = model(ids, position_ids=pos, use_cache=False).logits
@@ -251,3 +255,22 @@ def test_document_bounds_read_once_per_tensor_and_again_when_it_changes():
     assert tiled_hf._document_bounds(None, torch.tensor([0, 2, 7]), 1, 7) == [[(0, 2), (2, 7)]]
     with pytest.raises(ValueError, match="cu_seq_lens_q"):
         tiled_hf._document_bounds(None, torch.tensor([0, 2, 6]), 1, 7)
+
+
+def test_packed_rows_found_where_transformers_does_not_mark_them(monkeypatch):
+    """transformers 4.5x on torch < 2.6 never marks packed rows (simulated here: its packed-row finder finds none):
+    "tiled" finds the documents from position_ids itself, eager and compiled, with and without a sliding mask."""
+    from transformers import masking_utils
+    monkeypatch.setattr(masking_utils, "find_packed_sequence_indices", lambda position_ids: None)
+    monkeypatch.setattr(tiled_hf, "_marks_packing", lambda: False)
+    lengths = (5, 11, 4)
+    ids = torch.randint(0, 128, (1, sum(lengths)), generator=torch.Generator().manual_seed(3))
+    pos = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0)
+    model = hf_tiny.model("qwen2", dtype=torch.float64)  # layer 2 slides (window 8 < 11): a mask from transformers
+    cuts = [0, 5, 16, 20]
+    alone = torch.cat([model(ids[:, a:b], use_cache=False).logits for a, b in zip(cuts, cuts[1:])], dim=1)
+    torch.testing.assert_close(model(ids, position_ids=pos, use_cache=False).logits, alone, rtol=1e-9, atol=1e-9)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(ids, position_ids=pos, use_cache=False).logits, alone, rtol=1e-7, atol=1e-7)
+    torch._dynamo.reset()
