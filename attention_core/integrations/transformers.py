@@ -35,7 +35,6 @@ cache, position_ids given or not) runs as one engine call with a block-diagonal 
 """
 from __future__ import annotations
 
-import functools
 import weakref
 
 import torch
@@ -46,6 +45,8 @@ from ..sdpa import scaled_dot_product_attention
 NAME = "tiled"
 COUNT_KEY = "transformers:" + NAME
 MIN_TRANSFORMERS = (4, 56)
+
+_packing_marked = True  # register() reads it from transformers (see _marks_packing)
 
 __all__ = ["register", "attention_forward", "attention_mask", "NAME", "COUNT_KEY", "is_packed_marker"]
 
@@ -79,7 +80,10 @@ def _version(transformers) -> str:
 def register(name: str = NAME) -> str:
     """Register the engine under `name` in transformers' AttentionInterface and AttentionMaskInterface (again:
     harmless). Returns the name to pass as attn_implementation."""
+    global _packing_marked
     attention_interface, mask_interface = _transformers()
+    from transformers import masking_utils
+    _packing_marked = bool(getattr(masking_utils, "_is_torch_greater_or_equal_than_2_6", True))
     attention_interface.register(name, attention_forward)
     mask_interface.register(name, attention_mask)
     return name
@@ -219,11 +223,10 @@ def _packed(q, k, v, kwargs, window, dropout, scaling, gqa):
 
 # ---- the attention function ------------------------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=None)
 def _marks_packing() -> bool:
-    """Whether this transformers marks packed rows in its masks (5.x always; 4.5x only on torch >= 2.6)."""
-    from transformers import masking_utils
-    return bool(getattr(masking_utils, "_is_torch_greater_or_equal_than_2_6", True))
+    """Whether this transformers marks packed rows in its masks (5.x always; 4.5x only on torch >= 2.6): read by
+    register(), so that a torch.compile trace reads a plain module value (torch 2.5's dynamo cannot import there)."""
+    return _packing_marked
 
 
 def _refuse(what: str, use: str):
