@@ -258,7 +258,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
     packed = is_packed_marker(attention_mask) or (  # cu_seq_lens_q alone (no restarting position_ids) packs too,
         attention_mask is None and kwargs.get("cu_seq_lens_q") is not None  # as "flash_attention_2" reads it
         and q_length == key.shape[2] and q_length > 1)
-    if (not packed and q_length > 1 and key.shape[2] == q_length and not _marks_packing()
+    if (not packed and bool(is_causal) and q_length > 1 and key.shape[2] == q_length and not _marks_packing()
             and (kwargs.get("position_ids") is not None or kwargs.get("cu_seq_lens_q") is not None)):
         # a transformers that never marks packed rows (4.5x on torch < 2.6; its "sdpa" attends across documents):
         # the documents are found here, per document in eager calls without a mask, else by a block-diagonal mask
