@@ -498,8 +498,9 @@ class _UlyssesCall:
 
     def engine(self, q, k, v, mask, return_lse):
         dropout_p, is_causal, scale = self.args
-        return scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale, k.shape[1] != q.shape[1],
-                                            return_lse=return_lse, **self.engine_kwargs)
+        return scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale=scale,
+                                            enable_gqa=k.shape[1] != q.shape[1], return_lse=return_lse,
+                                            **self.engine_kwargs)
 
 
 def _not_traced(fn):
@@ -533,7 +534,7 @@ def ulysses_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, s
                          f"divisible by the number of ranks (use ring_attention, or a group of a size dividing {H})")
     mask = _mask4(attn_mask, B, H, n, n * P, fn)
     if P == 1:
-        return scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa,
+        return scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa,
                                             return_lse=return_lse, **engine_kwargs)
     g = H // Hkv
     if Hkv % P:  # fewest kv-head copies so that kv heads split with their query heads
@@ -722,8 +723,8 @@ def ring_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scal
         return _no_heads(q, k, v, mask, return_lse)
     scale = 1.0 / math.sqrt(E) if scale is None else float(scale)
     if P == 1:
-        return scaled_dot_product_attention(q, k, v, mask, 0.0, is_causal, scale, enable_gqa, return_lse=return_lse,
-                                            **engine_kwargs)
+        return scaled_dot_product_attention(q, k, v, mask, 0.0, is_causal, scale=scale, enable_gqa=enable_gqa,
+                                            return_lse=return_lse, **engine_kwargs)
     device = _comm_device(group, q)
     zigzag = is_causal and n % 2 == 0
     if zigzag:
@@ -758,5 +759,5 @@ def flash_layout_attention(q, k, v, dropout_p=0.0, softmax_scale=None, causal=Fa
             f"{'set' if alibi_slopes is not None else None}, return_attn_probs={return_attn_probs} are not "
             f"supported by the tiled engine; only dropout_p, softmax_scale and causal are")
     out = scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, dropout_p,
-                                       causal, softmax_scale, q.shape[2] != k.shape[2])
+                                       causal, scale=softmax_scale, enable_gqa=q.shape[2] != k.shape[2])
     return out.transpose(1, 2)

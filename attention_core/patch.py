@@ -206,8 +206,8 @@ def _long_enough(query, key, min_tokens: int) -> bool:
     return min_tokens <= 0 or max(query.shape[-2], key.shape[-2]) >= min_tokens
 
 
-def _patched_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
-                  **kwargs):
+def _patched_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False,
+                  **kwargs):  # torch's signature: scale and enable_gqa keyword-only
     if not kwargs and _is_causal_bias(attn_mask):
         # torch dispatches CausalBias masks (which hold no values) through __torch_function__ only when the
         # function called IS torch's own; patched, its handler would run them as plain tensors. Call the handler:
@@ -234,8 +234,8 @@ def _patched_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
         return _pass_through(st.fallbacks, query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                              is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, **kwargs)
     from .sdpa import scaled_dot_product_attention
-    return scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                                        count_as=count_key(SDPA_PATH), **cfg.options)
+    return scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
+                                        enable_gqa=enable_gqa, count_as=count_key(SDPA_PATH), **cfg.options)
 
 
 def _pass_through(fallbacks: tuple, *args, **kwargs):
