@@ -251,6 +251,10 @@ def check_arguments(query, key, value, attn_mask, dropout_p, is_causal, scale, e
     NaN means no dropout, as in torch's math backend (`if (dropout_p > 0.0)`); scale may be negative, 0, inf or
     NaN, as in torch."""
     dropout_p, scale = check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if enable_gqa and min(query.dim(), key.dim(), value.dim()) < 3:  # torch reads the head dim (-3) of each
+        raise IndexError(f"scaled_dot_product_attention: enable_gqa=True needs query, key and value with a head dim "
+                         f"(at least 3-D: [..., H, L, E]), got {tuple(query.shape)}, {tuple(key.shape)}, "
+                         f"{tuple(value.shape)}")
     if query.shape[-1] != key.shape[-1]:
         raise _sdpa_error(f"query and key head dims differ: {query.shape[-1]} vs {key.shape[-1]}")
     if key.shape[-2] != value.shape[-2]:
