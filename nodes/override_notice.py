@@ -37,7 +37,7 @@ KEY = "tiled-attention-override-check"  # the wrapper key on the model patcher
 MAB_QUALNAME = "set_model_optimized_attention.<locals>.optimized_attention_override"
 log = logging.getLogger("tiled_attention")
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # re-entrant: a signal handler or trace function may log a notice from inside one
 _seen = {"prompt": None, "keys": set()}  # the notices said for the prompt being executed
 _latest: dict = {"notice": None}  # the latest warning, for Attention Info
 
