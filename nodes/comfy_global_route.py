@@ -126,8 +126,11 @@ def unroute() -> int:
     wrapper another tool put around it since). Returns the number of cells restored."""
     with patch.switching(), _lock:
         n = 0
-        while _routes:
-            cell, r = _routes.pop()
+        while True:
+            try:
+                cell, r = _routes.pop()  # one call: an unroute() interrupting this one may have emptied the list
+            except IndexError:
+                break
             if cell.cell_contents is r:
                 cell.cell_contents = r.inner
                 n += 1
