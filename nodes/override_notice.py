@@ -23,6 +23,7 @@ samplers on the same model) say it once and the next prompt says it again. Outsi
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -186,10 +187,11 @@ def describe(fn) -> str:
     settings = getattr(fn, MARK, None)
     if settings is not None:
         return f"another {settings.node} override (mode {settings.mode})"
+    fn = defining(fn)
     qualname = getattr(fn, "__qualname__", None) or type(fn).__qualname__
     module = getattr(fn, "__module__", None) or type(fn).__module__
     if module == "comfy.model_patcher" and qualname.endswith(MAB_QUALNAME):
-        inner = _mab_inner(fn)
+        inner = defining(_mab_inner(fn))
         folder = custom_node_folder(inner)
         if folder is not None:  # a pack handing its own function to ModelPatcher.set_model_optimized_attention
             return (f"custom node '{folder}' (through ModelPatcher.set_model_optimized_attention): "
@@ -198,6 +200,26 @@ def describe(fn) -> str:
     folder = custom_node_folder(fn)
     where = f"custom node '{folder}'" if folder else f"module {module}"
     return f"{where}: {qualname}"
+
+
+def defining(fn, depth: int = 8):
+    """The function whose code a pack wrote, under wrappers no pack wrote: functools.partial (its func), a function
+    torch.compiler.disable / torch._dynamo wrapped (_torchdynamo_orig_callable, __wrapped__) and other wrappers made
+    outside any custom node folder that keep their inner function in __wrapped__ (functools.wraps). A wrapper a pack
+    wrote itself is that pack's and is kept: it decides what runs. At most `depth` levels; None stays None."""
+    for _ in range(depth):
+        if fn is None:
+            return None
+        if isinstance(fn, functools.partial):
+            fn = fn.func
+            continue
+        if custom_node_folder(fn) is not None:
+            return fn
+        inner = getattr(fn, "_torchdynamo_orig_callable", None) or getattr(fn, "__wrapped__", None)
+        if inner is None or inner is fn:
+            return fn
+        fn = inner
+    return fn
 
 
 def _mab_inner(fn):
