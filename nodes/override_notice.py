@@ -191,11 +191,12 @@ def describe(fn) -> str:
     qualname = getattr(fn, "__qualname__", None) or type(fn).__qualname__
     module = getattr(fn, "__module__", None) or type(fn).__module__
     if module == "comfy.model_patcher" and qualname.endswith(MAB_QUALNAME):
-        inner = defining(_mab_inner(fn))
-        folder = custom_node_folder(inner)
+        inner = _mab_inner(fn)
+        own = defining(inner)  # ComfyUI's registered backends are wrap_attn wrappers: looked up as they are
+        folder = custom_node_folder(own)
         if folder is not None:  # a pack handing its own function to ModelPatcher.set_model_optimized_attention
             return (f"custom node '{folder}' (through ModelPatcher.set_model_optimized_attention): "
-                    f"{getattr(inner, '__qualname__', type(inner).__qualname__)}")
+                    f"{getattr(own, '__qualname__', type(own).__qualname__)}")
         return f"ModelAttentionBackend (ComfyUI core), {_mab_backend(inner)}"
     folder = custom_node_folder(fn)
     where = f"custom node '{folder}'" if folder else f"module {module}"
