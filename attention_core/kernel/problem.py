@@ -266,9 +266,30 @@ def check_arguments(query, key, value, attn_mask, dropout_p, is_causal, scale, e
     return dropout_p, scale
 
 
+_empty_value_zeros = None  # whether this torch returns zeros for an empty value: read on first need, then kept
+
+
+def torch_zeros_for_empty_value() -> bool:
+    """Whether the torch installed returns zeros where value holds no elements (torch 2.14 does, before any shape
+    check; torch 2.5 computes as usual: a broadcast error for zero key/value heads against the query's). Read once,
+    in eager code, from torch's own function on tiny CPU tensors (no GQA: nothing divides by zero); inside a
+    torch.compile trace before that first read: False (the engine then computes as torch 2.5 does)."""
+    global _empty_value_zeros
+    if _empty_value_zeros is None:
+        if torch.compiler.is_dynamo_compiling():
+            return False
+        try:
+            out = torch._C._nn.scaled_dot_product_attention(torch.zeros(1, 2, 1, 1), torch.zeros(1, 0, 1, 1),
+                                                             torch.zeros(1, 0, 1, 1))
+            _empty_value_zeros = tuple(out.shape) == (1, 2, 1, 1)
+        except RuntimeError:
+            _empty_value_zeros = False
+    return _empty_value_zeros
+
+
 def empty_result(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    """torch's result where `value` holds no elements (no key/value heads, batch, keys or value dims), else None.
-    torch's math backend checks the types, dtypes, devices, ranks and is_causal with a mask (check_inputs) and
+    """torch's result where `value` holds no elements (no key/value heads, batch, keys or value dims) and the torch
+    installed has that rule (torch_zeros_for_empty_value), else None. torch's math backend checks the types, dtypes, devices, ranks and is_causal with a mask (check_inputs) and
     then returns zeros of the query's shape with value's last dim, whatever the other shapes (head counts, GQA,
     key length, mask shape) and dropout_p are: so does this. The zeros stay connected to the inputs that need
     grad (a zero gradient), as torch's are."""
@@ -276,7 +297,7 @@ def empty_result(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
     attn_mask, is_causal, _ = causal_bias(attn_mask, is_causal, query.shape[-2], key.shape[-2], query.device)
     if is_causal and attn_mask is not None:
         raise _sdpa_error("Explicit attn_mask should not be set when is_causal=True")
-    if value.numel() != 0:
+    if value.numel() != 0 or not torch_zeros_for_empty_value():
         return None
     out = query.new_zeros((*query.shape[:-1], value.shape[-1]))
     for t in (query, key, value):

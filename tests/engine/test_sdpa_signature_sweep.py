@@ -130,11 +130,20 @@ def test_every_argument_by_position(position, value, route):
     compare(tuple(args), kwargs, route)
 
 
-# (query heads, key heads, value heads) with and without GQA; torch divides by the key head count when it is 0 and
-# value has elements under enable_gqa (a SIGFPE that ends the process): those are left out (the engine raises)
+def torch_divides_by_zero(hk, hv, gqa):
+    """Under enable_gqa torch divides the query head count by the key and value head counts: a zero one ends the
+    process (SIGFPE) unless torch returns its zeros for an empty value first (torch 2.14: for hv == 0; torch 2.5 has
+    no such rule). Those cases are left out (the engine raises RuntimeError there)."""
+    from attention_core.kernel.problem import torch_zeros_for_empty_value
+    if not gqa or (hk != 0 and hv != 0):
+        return False
+    return not (hv == 0 and torch_zeros_for_empty_value())
+
+
+# (query heads, key heads, value heads) with and without GQA
 HEADS = [(hq, hk, hv, gqa) for hq, hk, hv, gqa in itertools.product((0, 2, 4), (0, 1, 2, 4), (0, 1, 2, 4),
                                                                      (False, True))
-         if not (gqa and hk == 0 and hv != 0)]
+         if not torch_divides_by_zero(hk, hv, gqa)]
 
 
 @pytest.mark.parametrize("route", list(ROUTES))
@@ -171,6 +180,9 @@ def test_empty_value_as_torch(case, extra, route):
 def test_empty_value_zeros_keep_a_gradient_path():
     """torch's zeros for an empty value are connected to the inputs that need grad (zero gradients): so are the
     engine's."""
+    from attention_core.kernel.problem import torch_zeros_for_empty_value
+    if not torch_zeros_for_empty_value():
+        pytest.skip(f"not applicable: torch {torch.__version__} has no zeros rule for an empty value (it computes)")
     q = torch.randn(1, 4, 6, 8, generator=g, requires_grad=True)
     k, v = torch.randn(1, 0, 7, 8), torch.randn(1, 0, 7, 8)
     want = torch_math(q, k, v)
