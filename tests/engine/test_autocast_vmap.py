@@ -13,6 +13,11 @@ import torch.nn.functional as F
 from torch.func import grad, vmap
 
 import attention_core as ac
+from attention_core.device.torch_version import parse as parse_version
+
+# torch 2.5's functorch fails an internal assert on a custom op's vmap rule under two vmap levels (with or without
+# autocast: a torch 2.5 limit of the engine's op, not of this rule); checked from 2.6 on
+NESTED_VMAP = parse_version(torch.__version__) >= (2, 6)
 
 TORCH_SDPA = F.scaled_dot_product_attention
 g = torch.Generator().manual_seed(0)
@@ -43,9 +48,10 @@ def run_cases(f):
         "vmap all": vmap(f)(Q, Q, Q),
         "vmap query only": vmap(f, in_dims=(0, None, None))(Q, K, K),
         "vmap key/value only": vmap(lambda kk: f(K, kk, kk))(Q),
-        "nested vmap": vmap(vmap(f))(Q.unsqueeze(0), Q.unsqueeze(0), Q.unsqueeze(0)),
         "vmap over a mask": vmap(lambda m: f(K, K, K, attn_mask=m))(M),
     }
+    if NESTED_VMAP:
+        out["nested vmap"] = vmap(vmap(f))(Q.unsqueeze(0), Q.unsqueeze(0), Q.unsqueeze(0))
     vmap(lambda a: out_of("unbatched inputs inside vmap", f)(K, K, K).sum() + a.sum())(Q)
     vmap(grad(lambda a: out_of("vmap(grad)", f)(a, a, a).float().sum()))(Q)
     grad(lambda a: out_of("grad", f)(a, a, a).float().sum())(K)
@@ -60,10 +66,12 @@ def test_vmap_under_autocast_gives_torchs_dtype_and_values(route, autocast_dtype
         with torch.autocast("cpu", dtype=autocast_dtype):
             want, want_inside = run_cases(TORCH_SDPA)
             got, got_inside = run_cases(FNS[route])
+        ref, _ = run_cases(TORCH_SDPA)  # in float32, without autocast
     assert got_inside == want_inside, (got_inside, want_inside)
     for case in want:
         w, o = want[case], got[case]
         assert o.dtype == w.dtype and o.shape == w.shape, (case, o.dtype, w.dtype)
-        tol = 1e-5 if w.dtype == torch.float32 else 2e-2
-        assert torch.allclose(o.float(), w.float(), atol=tol, rtol=tol), case
+        # within torch's own error (torch 2.5 computes vmap under autocast in the autocast dtype and returns float32)
+        torch_error = float((w.float() - ref[case]).abs().max())
+        assert float((o.float() - w.float()).abs().max()) <= 2 * torch_error + 1e-5, case
     assert want["vmap all"].dtype == torch.float32 and want_inside["grad"] == autocast_dtype  # the rule checked
