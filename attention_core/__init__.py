@@ -1,7 +1,7 @@
 """attention_core: exact tiled attention in plain PyTorch matmuls, O(N) memory in forward and backward.
 
 Public API (what the README documents; these names and import paths stay importable):
-    scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, *, tier, ...,
+    scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, *, scale, enable_gqa, tier, ...,
                                  return_lse=False)   torch's SDPA (its refusals and its torch.autocast casts);
                                                      a torch custom op (torch.compile, torch.func)
     TIERS, TIER_CHOICES                          the tier names ("auto" + TIERS is what `tier` accepts)

@@ -81,7 +81,9 @@ def _attend(group, q, k, v, mask, args, engine_kwargs):
     kg = k[..., group.kv_heads, :, :].to(dev, non_blocking=True)
     vg = v[..., group.kv_heads, :, :].to(dev, non_blocking=True)
     mg = mask.to(dev, non_blocking=True) if mask is not None else None
-    return scaled_dot_product_attention(qg, kg, vg, mg, *args, **engine_kwargs)
+    dropout_p, is_causal, scale, enable_gqa = args
+    return scaled_dot_product_attention(qg, kg, vg, mg, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa,
+                                        **engine_kwargs)
 
 
 def _run_group(group, q, k, v, mask, args, engine_kwargs, grad_enabled, inference, measure, results, i):
@@ -150,7 +152,8 @@ def scaled_dot_product_attention_on_devices(query, key, value, attn_mask=None, d
     query, key, value, attn_mask = autocast_inputs(query, key, value, attn_mask)  # would be cast (mask included)
     args = (dropout_p, is_causal, scale, enable_gqa)
     if len(groups) == 1 and groups[0].device == query.device:
-        return scaled_dot_product_attention(query, key, value, attn_mask, *args, **engine_kwargs)
+        return scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
+                                            enable_gqa=enable_gqa, **engine_kwargs)
     if in_calling_thread_only((query, key, value, attn_mask)):  # see the module docstring
         if torch.compiler.is_dynamo_compiling():  # traced: no logging, no device switch (tensors carry their device)
             outs = [_attend(g, query, key, value, _mask_for(attn_mask, g, H), args, _group_kwargs(engine_kwargs, i))

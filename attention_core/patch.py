@@ -17,6 +17,13 @@ it for a whole trace and its guard check), then this module's lock: a switch wai
 of changing what it reads mid-trace (which failed the compile), and the guards on the state make the next call
 recompile. Always in that order, so nothing deadlocks.
 
+Re-entrant: every lock the patch takes is an RLock and its counters are lock-free, so code that interrupts this
+thread inside a switch or a count (a signal handler, a sys.settrace function: a debugger, a coverage tool) may call
+stats(), config(), enable(), disable() or open a patched() block without waiting on itself. A switch made from
+inside a switch on the same thread changes what is asked for (enable()'s Config, the open blocks) at once and is put
+in force by the interrupted switch before it returns (_refresh() runs again until nothing changed under it): the
+later request wins, and the state (installed?, the Config, torch's function) is never left half-switched.
+
 deferred() marks calls that another route already decided (the pack's per-model Patch Attention: its settings win
 for its model): SDPA calls made on that thread inside the block go to torch's own function, uncounted as routed.
 stats() counts, per code path, the calls seen while the patch was on: "routed" (to the engine), "passed" (left to
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import os
 import sys
 import threading
@@ -55,6 +63,8 @@ OFF = Config(False, 0, {})
 
 _lock = threading.RLock()
 _state = State(False, OFF, ())  # replaced whole under _lock, read without it
+_refreshing = False  # a _refresh() is running (on the thread holding _lock)
+_dirty = False  # what is asked for changed since the running _refresh() read it
 _traced_passing = 0  # _local.passing's count inside a torch.compile trace
 # whether dynamo reads back a module global stored earlier in the same trace (torch 2.5's does not: a pass-through
 # into a foreign wrapper that holds ours would loop while tracing)
@@ -63,8 +73,7 @@ _global = None  # Config from enable(), None when not enabled
 _blocks: list = []  # [(token, Config)] of open patched() blocks, in entry order
 _last_switch = None  # (what, by): the latest enable() / disable() and where it was called from
 _local = threading.local()  # .deferred: depth of deferred() blocks; .passing: of our calls passing through
-_stats: dict = {}  # path -> {outcome: calls} of the passed and deferred calls
-_stats_lock = threading.RLock()  # reentrant: a stats() from code that interrupts record() (a trace function) cannot deadlock
+_stats: dict = {}  # (path, outcome) -> itertools.count of the passed and deferred calls (lock-free: counts.py)
 
 
 def _compile_lock():
@@ -168,9 +177,10 @@ def record(path: str, outcome: str) -> None:
                          "(routed calls are counted by the engine: pass count_as=count_key(path))")
     if torch.compiler.is_dynamo_compiling():
         return
-    with _stats_lock:
-        per = _stats.setdefault(path, dict.fromkeys(OUTCOMES[1:], 0))
-        per[outcome] += 1
+    counter = _stats.get((path, outcome))
+    if counter is None:
+        counter = _stats.setdefault((path, outcome), itertools.count())
+    next(counter)  # one C call: nothing interrupts it (see kernel/counts.py)
 
 
 def count_key(path: str) -> str:
@@ -184,8 +194,9 @@ def stats() -> dict:
     reset_stats(); "compiled": how many of the routed calls ran inside torch.compile graphs (there the calls passed on
     are not seen, so "total" counts eager calls plus the compiled graphs' routed ones)."""
     engine = counts.counted(COUNT_PREFIX)
-    with _stats_lock:
-        eager = {path: dict(per) for path, per in _stats.items()}
+    eager = {}
+    for (path, outcome), counter in _stats.copy().items():  # a copy taken by one C call
+        eager.setdefault(path, {})[outcome] = counts._value(counter)
     out = {}
     for path in sorted(set(eager) | {k[len(COUNT_PREFIX):] for k in engine}):
         routed, compiled = engine.get(COUNT_PREFIX + path, (0, 0))
@@ -197,17 +208,16 @@ def stats() -> dict:
 
 
 def reset_stats() -> None:
-    with _stats_lock:
-        _stats.clear()
-        counts.reset(COUNT_PREFIX)
+    _stats.clear()
+    counts.reset(COUNT_PREFIX)
 
 
 def _long_enough(query, key, min_tokens: int) -> bool:
     return min_tokens <= 0 or max(query.shape[-2], key.shape[-2]) >= min_tokens
 
 
-def _patched_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
-                  **kwargs):
+def _patched_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False,
+                  **kwargs):  # torch's signature: scale and enable_gqa keyword-only
     if not kwargs and _is_causal_bias(attn_mask):
         # torch dispatches CausalBias masks (which hold no values) through __torch_function__ only when the
         # function called IS torch's own; patched, its handler would run them as plain tensors. Call the handler:
@@ -234,8 +244,8 @@ def _patched_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
         return _pass_through(st.fallbacks, query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                              is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, **kwargs)
     from .sdpa import scaled_dot_product_attention
-    return scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                                        count_as=count_key(SDPA_PATH), **cfg.options)
+    return scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
+                                        enable_gqa=enable_gqa, count_as=count_key(SDPA_PATH), **cfg.options)
 
 
 def _pass_through(fallbacks: tuple, *args, **kwargs):
@@ -264,13 +274,34 @@ def _pass_through(fallbacks: tuple, *args, **kwargs):
 
 
 def _refresh() -> None:
-    """Install or remove the patch and set the options in force from enable()'s and the open blocks' (both locks
-    held): a new State, put in place whole before our function is installed and after it is removed, so a call that
-    reaches ours always finds the functions ours was put over."""
+    """Put in force what enable() and the open blocks ask for (both locks held), again and again until nothing
+    changed under it. Called from code that interrupted a _refresh() on this thread (the only thread that can: it
+    holds the lock), it only marks the request: the interrupted one, which never interleaves its writes with
+    another's, runs again before it returns (see the module docstring)."""
+    global _refreshing, _dirty
+    _dirty = True
+    if _refreshing:
+        return
+    while _dirty:
+        _refreshing = True
+        try:
+            while _dirty:
+                _dirty = False
+                _refresh_once()
+        finally:
+            _refreshing = False
+        # a request that came after the inner loop's last look, while _refreshing was still set, is seen here
+
+
+def _refresh_once() -> None:
+    """Install or remove the patch and set the options in force from enable()'s and the open blocks': a new State,
+    put in place whole before our function is installed and after it is removed, so a call that reaches ours always
+    finds the functions ours was put over."""
     global _state
     st = _state
-    cfg = _blocks[-1][1] if _blocks else (_global if _global is not None else OFF)
-    want = _global is not None or bool(_blocks)
+    blocks, enabled = tuple(_blocks), _global  # read once: a switch interrupting this one changes them
+    cfg = blocks[-1][1] if blocks else (enabled if enabled is not None else OFF)
+    want = enabled is not None or bool(blocks)
     if want and not st.installed:
         current = F.scaled_dot_product_attention
         if current is not _patched_sdpa:
@@ -332,14 +363,16 @@ def disable(close_blocks: bool = True) -> None:
 def patched(force: bool = False, min_tokens: int = 0, **options):
     """with patched(): ... - the patch for the block, then the previous state back. Safe to nest and to overlap
     across threads; a block inside enable() leaves the global patch on when it exits."""
-    token = object()
-    cfg = _make_config(force, min_tokens, options)
+    entry = (object(), _make_config(force, min_tokens, options))
     with switching():
-        _blocks.append((token, cfg))
+        _blocks.append(entry)  # one C call each way: a block opened or closed by code interrupting this one is kept
         _refresh()
     try:
         yield
     finally:
         with switching():
-            _blocks[:] = [b for b in _blocks if b[0] is not token]
+            try:
+                _blocks.remove(entry)  # compared by identity of the token first: no Python code runs
+            except ValueError:  # disable() closed it already
+                pass
             _refresh()

@@ -11,20 +11,21 @@ import torch
 from .kernel.autocast import autocast_inputs
 from .kernel.autograd import tiled_attention
 from .kernel.ops import check_options
-from .kernel.problem import normalize
+from .kernel.problem import empty_result, normalize
 from .kernel.tiers import TIER_CHOICES
 
 __all__ = ["scaled_dot_product_attention", "TIER_CHOICES"]
 
 
-def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                                 enable_gqa=False, *, tier="auto", block_q=None, block_kv=None, memory_budget=None,
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
+                                 enable_gqa=False, tier="auto", block_q=None, block_kv=None, memory_budget=None,
                                  precision="auto", flush_to_zero=None, return_lse=False, count_as=""):
     """torch.nn.functional.scaled_dot_product_attention, computed in tiles with O(N) memory.
 
-    Same arguments and result as torch's (math backend; attn_mask may be a tensor or a CausalBias), the same
-    refusals (exception types of torch's: TypeError for a non-bool is_causal, RuntimeError for a float64 mask
-    with a float32 query, ...) and, under torch.autocast, the same casts (dtype in, dtype out); plus:
+    Same arguments and result as torch's (math backend; attn_mask may be a tensor or a CausalBias; scale and
+    enable_gqa keyword-only, as torch's), the same refusals (exception types of torch's: TypeError for a non-bool
+    is_causal, a scale given as a fractions.Fraction or as a 7th positional argument, RuntimeError for a float64
+    mask with a float32 query, ...), torch's zeros where value holds no elements, and, under torch.autocast, the same casts (dtype in, dtype out); plus:
       tier           "auto" (largest tier that fits free memory), "chunked", "inplace" or "online" (TIER_CHOICES)
       block_q/_kv    force tile sizes (tests; "auto" sizes them from memory)
       memory_budget  bytes the tiles may use (default: a share of the device's free memory)
@@ -45,6 +46,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if not isinstance(query, torch.Tensor):
         raise TypeError(f"scaled_dot_product_attention: query must be a tensor, got {type(query).__name__}")
     query, key, value, attn_mask = autocast_inputs(query, key, value, attn_mask)  # as torch's SDPA, before its checks
+    empty = empty_result(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if empty is not None:  # torch's zeros (no engine call: nothing to count)
+        if not return_lse:
+            return empty
+        return empty, torch.full(empty.shape[:-1], float("-inf"), dtype=_lse_dtype(empty.dtype), device=empty.device)
     p = normalize(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, draw_seed=False)
     seed = torch.randint(0, 2 ** 62, (), dtype=torch.int64) if p.dropout_p > 0 else None
     out5, lse = tiled_attention(p.q5, p.k4, p.v4, p.mask5, seed, p.causal, p.causal_offset, p.scale, p.dropout_p,
@@ -55,3 +61,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         return out.squeeze(0) if p.squeeze_2d else out
     lse = lse.reshape(p.out_shape[:-1])
     return (out.squeeze(0), lse.squeeze(0)) if p.squeeze_2d else (out, lse)
+
+
+def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32

@@ -18,7 +18,10 @@ and go to ComfyUI's function untouched, so no call is routed twice and the node'
 Switching is safe while other threads call attention or compile: a route reads the patch's Config once per call (a
 switch replaces it whole), route() and unroute() swap each cell in one store and run under
 attention_core.patch.switching() (torch.compile's lock, then the patch's: they wait for a trace in progress), and a
-call that already holds a route finishes on it. Engine calls are counted by the engine where they run (compiled
+call that already holds a route finishes on it. Re-entrant: code that interrupts a switch on the same thread (a
+signal handler, a trace function) may switch again without waiting on itself (RLocks; each cell and the list of
+routes change by single stores, appends and pops); the pack's set_mode() then puts the later request in force.
+Engine calls are counted by the engine where they run (compiled
 graphs too) under patch.count_key(PATH); passed and deferred calls in eager code (patch.record).
 """
 from __future__ import annotations
@@ -38,7 +41,7 @@ PATH = "comfy_attention"  # attention_core.patch.stats() key of the calls these 
 ATTRIBUTES = ("optimized_attention", "optimized_attention_masked", "attention_basic", "attention_sub_quad",
               "attention_split", "attention_pytorch")
 NODE = "Tiled Attention Everywhere"
-_lock = threading.Lock()
+_lock = threading.RLock()  # re-entrant: a signal handler or trace function that switches from inside a switch
 _routes: list = []  # [(cell, route)] put in place by route(), in order
 
 
@@ -123,8 +126,11 @@ def unroute() -> int:
     wrapper another tool put around it since). Returns the number of cells restored."""
     with patch.switching(), _lock:
         n = 0
-        while _routes:
-            cell, r = _routes.pop()
+        while True:
+            try:
+                cell, r = _routes.pop()  # one call: an unroute() interrupting this one may have emptied the list
+            except IndexError:
+                break
             if cell.cell_contents is r:
                 cell.cell_contents = r.inner
                 n += 1

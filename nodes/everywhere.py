@@ -16,6 +16,13 @@ Everywhere node (set_mode()), which lasts until switched again. Switching is saf
 a model: a switch holds attention_core.patch.switching() (torch.compile's lock, then the patch's) for its two steps,
 the options are replaced whole, and a call already running finishes on the path it took.
 
+Re-entrant: every lock here and in the switches it makes is an RLock (the counters are lock-free), so a signal
+handler or a sys.settrace function that calls state(), describe() or set_mode() while this thread is inside a
+switch or a count never waits on itself. A set_mode() made from inside a set_mode() on the same thread (which
+finishes before the interrupted one resumes) is the later request and wins: the interrupted switch sees that a newer
+request came (a request counter) and puts the newest in force again before it returns, so the mode, the patch and
+ComfyUI's routed functions always end up agreeing.
+
 One truth: state() and describe() (the node's output, the start line, Attention Info) report what is in force now,
 read from the patch and the routes themselves, not what the pack last asked for: when other code switched the
 patch off or replaced its options (attention_core.disable() / enable() on this copy), they say so and by whom.
@@ -44,6 +51,8 @@ Setting = namedtuple("Setting", "mode min_tokens source config")
 # and the patch half-switched; reentrant: set_mode logs describe()
 _lock = threading.RLock()
 _setting = Setting("off", DEFAULT_MIN_TOKENS, "default", None)
+_wanted = ("off", DEFAULT_MIN_TOKENS, "default")  # the latest set_mode() request: (mode, min_tokens, source)
+_requests = 0  # set_mode() requests so far: a switch that sees it change under it was interrupted by a newer one
 _env_applied = False
 
 
@@ -70,15 +79,32 @@ def parse_env(value) -> str:
 def set_mode(mode: str, min_tokens: int = DEFAULT_MIN_TOKENS, source: str = "the Tiled Attention Everywhere node"):
     """Switch the process-wide mode (see the module docstring); returns state(). Waits for a torch.compile trace
     in progress on another thread."""
-    global _setting
+    global _wanted, _requests
     if mode not in MODES:
         raise ValueError(f"Tiled Attention Everywhere: mode must be one of {', '.join(MODES)}, got {mode!r}")
     if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or min_tokens < 0:
         raise ValueError(f"Tiled Attention Everywhere: min_tokens must be a whole number >= 0, got {min_tokens!r}")
     with patch.switching(), _lock:  # the order every switch takes: compile lock, the patch's lock, then ours
         before = describe(stats=False)
-        was = _setting
+        _wanted = (mode, min_tokens, source)
+        _requests += 1
+        _put_in_force()
+        now = describe(stats=False)
+        if now != before:
+            log.info("[tiled-attention] %s", now)
+        return state()
+
+
+def _put_in_force() -> None:
+    """Make the patch, ComfyUI's routed functions and _setting agree with the latest request (_wanted), again until
+    no newer request came while doing it (a set_mode() from code that interrupted this one on the same thread: it
+    ran to its end, and every step here is idempotent, so doing the newest again leaves everything agreeing)."""
+    global _setting
+    while True:
+        seen = _requests
+        mode, min_tokens, source = _wanted
         if mode == "off":
+            was = _setting
             if was.config is not None and patch.enabled_config() is was.config:  # ours, still in force
                 patch.disable(close_blocks=False)  # leave other code's open patched() blocks alone
             comfy_global_route.unroute()
@@ -89,10 +115,8 @@ def set_mode(mode: str, min_tokens: int = DEFAULT_MIN_TOKENS, source: str = "the
             _setting = Setting(mode, min_tokens, source, patch.enabled_config())
             comfy_global_route.route()
             comfy_preferred_route.route()  # per-layer attention a checkpoint chose (ComfyUI after 0.33.0)
-        now = describe(stats=False)
-        if now != before:
-            log.info("[tiled-attention] %s", now)
-        return state()
+        if _requests == seen:  # a request after this look is a switch that runs whole before this one returns
+            return
 
 
 def apply_environment(environ=None):

@@ -23,6 +23,7 @@ samplers on the same model) say it once and the next prompt says it again. Outsi
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -37,7 +38,7 @@ KEY = "tiled-attention-override-check"  # the wrapper key on the model patcher
 MAB_QUALNAME = "set_model_optimized_attention.<locals>.optimized_attention_override"
 log = logging.getLogger("tiled_attention")
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # re-entrant: a signal handler or trace function may log a notice from inside one
 _seen = {"prompt": None, "keys": set()}  # the notices said for the prompt being executed
 _latest: dict = {"notice": None}  # the latest warning, for Attention Info
 
@@ -186,18 +187,40 @@ def describe(fn) -> str:
     settings = getattr(fn, MARK, None)
     if settings is not None:
         return f"another {settings.node} override (mode {settings.mode})"
+    fn = defining(fn)
     qualname = getattr(fn, "__qualname__", None) or type(fn).__qualname__
     module = getattr(fn, "__module__", None) or type(fn).__module__
     if module == "comfy.model_patcher" and qualname.endswith(MAB_QUALNAME):
         inner = _mab_inner(fn)
-        folder = custom_node_folder(inner)
+        own = defining(inner)  # ComfyUI's registered backends are wrap_attn wrappers: looked up as they are
+        folder = custom_node_folder(own)
         if folder is not None:  # a pack handing its own function to ModelPatcher.set_model_optimized_attention
             return (f"custom node '{folder}' (through ModelPatcher.set_model_optimized_attention): "
-                    f"{getattr(inner, '__qualname__', type(inner).__qualname__)}")
+                    f"{getattr(own, '__qualname__', type(own).__qualname__)}")
         return f"ModelAttentionBackend (ComfyUI core), {_mab_backend(inner)}"
     folder = custom_node_folder(fn)
     where = f"custom node '{folder}'" if folder else f"module {module}"
     return f"{where}: {qualname}"
+
+
+def defining(fn, depth: int = 8):
+    """The function whose code a pack wrote, under wrappers no pack wrote: functools.partial (its func), a function
+    torch.compiler.disable / torch._dynamo wrapped (_torchdynamo_orig_callable, __wrapped__) and other wrappers made
+    outside any custom node folder that keep their inner function in __wrapped__ (functools.wraps). A wrapper a pack
+    wrote itself is that pack's and is kept: it decides what runs. At most `depth` levels; None stays None."""
+    for _ in range(depth):
+        if fn is None:
+            return None
+        if isinstance(fn, functools.partial):
+            fn = fn.func
+            continue
+        if custom_node_folder(fn) is not None:
+            return fn
+        inner = getattr(fn, "_torchdynamo_orig_callable", None) or getattr(fn, "__wrapped__", None)
+        if inner is None or inner is fn:
+            return fn
+        fn = inner
+    return fn
 
 
 def _mab_inner(fn):

@@ -19,6 +19,9 @@ refuses some dtypes (the CPU, XPU, MPS... take bf16 and fp16 only: another dtype
 and the engine reads the state it left. Checked against torch on torch 2.5.1 and 2.14.1
 (tests/engine/test_autocast.py).
 
+Under torch.func.vmap (the innermost transform) torch casts nothing (functorch runs a vmap level below autocast):
+neither does the engine (under_vmap()).
+
 The casts are ordinary differentiable .to() calls made before the engine's op, so gradients flow back to each
 input in its own dtype, as through torch's casts. Worker threads do not inherit autocast (it is thread-local):
 callers that hand work to threads (multidevice.py) apply the rule in the calling thread.
@@ -79,10 +82,29 @@ def _is_causal_bias(t) -> bool:
     return isinstance(t, CausalBias)
 
 
+def under_vmap() -> bool:
+    """Whether torch.func.vmap is the innermost functorch transform now. There torch's SDPA is not cast: functorch
+    excludes the autocast dispatch keys while it runs a vmap level (its batching rule, and what that calls, run
+    below autocast), so under a bf16 autocast vmap of torch's SDPA returns float32 for float32 inputs, whether or
+    not the SDPA's own inputs are batched; grad / jvp as the innermost transform keep autocast (vmap(grad(f)) is
+    cast, grad(vmap(f)) is not). Read from functorch's interpreter stack in eager code; inside a torch.compile
+    trace it is not read (False: the rule in force when the trace began)."""
+    if torch.compiler.is_dynamo_compiling():
+        return False
+    try:
+        from torch._C._functorch import TransformType, peek_interpreter_stack
+    except ImportError:  # a torch without functorch
+        return False
+    top = peek_interpreter_stack()
+    return top is not None and top.key() == TransformType.Vmap
+
+
 def autocast_inputs(query, key, value, attn_mask=None):
     """(query, key, value, attn_mask) as torch's SDPA receives them under the autocast in force on this thread:
     every eligible tensor cast to the autocast dtype, the rest unchanged (a CausalBias mask holds no values:
     torch turns it into is_causal or a bool mask before autocast sees it)."""
+    if under_vmap():
+        return query, key, value, attn_mask
     mask = None if _is_causal_bias(attn_mask) else attn_mask
     device_type = dispatch_device_type((query, key, value, mask))
     dt = autocast_dtype(device_type) if device_type is not None else None

@@ -7,25 +7,36 @@ or without compile. A router never counts its engine calls itself (that would co
 traced into a graph is traced_key(key): the same name plus COMPILED, so the compiled calls can be told apart.
 
 Counts live in this module of this copy of the engine (a second copy imported under another name has its own),
-start empty and are changed only by add() and reset(); all thread-safe.
+start empty and are changed only by add() and reset(); all thread-safe and lock-free, so re-entrant: a signal
+handler or a trace function that reads the counts (attention_core.patch.stats(), the report) or makes a counted call
+while this thread is inside add(), calls() or counted() neither waits on itself nor loses a count. Each key's count is
+an itertools.count, advanced by one C call (next(), atomic under the GIL: nothing can run between its read and its
+write), and every reader works on a copy of the table taken by one C call (dict.copy()).
 """
 from __future__ import annotations
 
-import threading
+import itertools
 
 import torch
 
 COMPILED = "@compiled"  # suffix of a key traced into a torch.compile graph
-_lock = threading.Lock()
-_counts: dict = {}  # key -> calls
+_counts: dict = {}  # key -> itertools.count whose next value is the number of calls so far
 
 
 def add(key: str) -> None:
     """One call under `key` (nothing for "")."""
     if not key:
         return
-    with _lock:
-        _counts[key] = _counts.get(key, 0) + 1
+    counter = _counts.get(key)
+    if counter is None:
+        counter = _counts.setdefault(key, itertools.count())  # one counter per key, whoever adds first
+    next(counter)
+
+
+def _value(counter) -> int:
+    """The calls an itertools.count has counted: its next value, read from its repr ("count(5)") without advancing it
+    (its pickling support, __reduce__, is deprecated in Python 3.12 and gone in 3.14)."""
+    return int(repr(counter)[6:-1]) if counter is not None else 0
 
 
 def traced_key(key: str) -> str:
@@ -38,20 +49,23 @@ def traced_key(key: str) -> str:
 
 def calls(key: str) -> tuple:
     """(all, compiled): the calls counted under `key`, eager and compiled together, and the compiled ones alone."""
-    with _lock:
-        compiled = _counts.get(key + COMPILED, 0)
-        return _counts.get(key, 0) + compiled, compiled
+    table = _counts.copy()
+    compiled = _value(table.get(key + COMPILED))
+    return _value(table.get(key)) + compiled, compiled
 
 
 def counted(prefix: str) -> dict:
     """{key: (all, compiled)} of every key starting with `prefix` that has calls (keys without COMPILED)."""
-    with _lock:
-        keys = {k[:-len(COMPILED)] if k.endswith(COMPILED) else k for k in _counts if k.startswith(prefix)}
-        return {k: (_counts.get(k, 0) + _counts.get(k + COMPILED, 0), _counts.get(k + COMPILED, 0)) for k in keys}
+    table = _counts.copy()
+    keys = {k[:-len(COMPILED)] if k.endswith(COMPILED) else k for k in table if k.startswith(prefix)}
+    out = {}
+    for k in keys:
+        compiled = _value(table.get(k + COMPILED))
+        out[k] = (_value(table.get(k)) + compiled, compiled)
+    return {k: c for k, c in out.items() if c[0]}
 
 
 def reset(prefix: str) -> None:
     """Forget the counts of every key starting with `prefix` (their compiled keys included)."""
-    with _lock:
-        for key in [k for k in _counts if k.startswith(prefix)]:
-            del _counts[key]
+    for key in [k for k in _counts.copy() if k.startswith(prefix)]:
+        _counts.pop(key, None)

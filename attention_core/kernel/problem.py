@@ -22,7 +22,7 @@ exception types.
 from __future__ import annotations
 
 import math
-import numbers
+import sys
 from dataclasses import dataclass, replace
 from typing import Optional
 
@@ -166,30 +166,45 @@ def _check_bool(name: str, x) -> None:
         raise _binding_error(name, "bool", x)
 
 
+def _is_numpy_number(x) -> bool:
+    """torch's is_numpy_scalar: a numpy integer, bool, floating or complex scalar (not a 0-d array); numpy is only
+    looked at when the caller has imported it."""
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(x, (np.integer, np.bool_, np.floating, np.complexfloating))
+
+
 def _as_float(name: str, x, optional: bool = False):
-    """torch's parser for a float argument: a Python/numpy real number or a 0-d tensor without grad; None only
-    where the argument is optional (scale). Returns a Python float (None stays None)."""
+    """torch's parser for a float argument (THPUtils_checkDouble, then a 0-d tensor without grad): a Python float
+    or int (bool included, subclasses too), a numpy number scalar (bool and complex included: converted as Python's
+    float() does, a complex one by its real part with numpy's ComplexWarning), a 0-d tensor without grad (converted
+    as item() to double: a complex one with a nonzero imaginary part raises RuntimeError), a SymFloat / SymInt;
+    None only where the argument is optional (scale). Anything else (fractions.Fraction, decimal.Decimal, complex,
+    str, a 0-d numpy array, an object with __float__) is torch's TypeError. Returns a Python float (None stays
+    None)."""
     if x is None and optional:
         return None
     if isinstance(x, (torch.SymFloat, torch.SymInt)):
         return x
     if isinstance(x, torch.Tensor):
-        if x.dim() == 0 and not x.requires_grad and not x.is_complex():
+        if x.dim() == 0 and not x.requires_grad:
+            if x.is_complex():
+                z = complex(x)
+                if z.imag != 0:
+                    raise RuntimeError("value cannot be converted to type double without overflow")
+                return z.real
             return float(x)
         raise _binding_error(name, "float", x)
-    if isinstance(x, numbers.Real):
+    if isinstance(x, (float, int)) or _is_numpy_number(x):
         return float(x)
     raise _binding_error(name, "float", x)
 
 
-def check_arguments(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-    """Refuse what torch's SDPA (its math backend: what torch runs on the GPUs this engine is for) refuses, with
-    torch's exception type: TypeError where torch's argument parser refuses a type, RuntimeError for
-    validate_sdpa_input's checks (q, k, v of one dtype and one device, at least 2-D; a mask bool, float32 or of
+def check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    """What torch checks before its math backend looks at shapes, with torch's exception type: TypeError where
+    torch's argument parser refuses a type (_as_float, _check_bool), RuntimeError for validate_sdpa_input's checks (q, k, v of one dtype and one device, at least 2-D; a mask bool, float32 or of
     query's dtype), the math backend's (mask on query's device, GQA head counts, key/value lengths),
     NotImplementedError for complex inputs (torch's softmax has no complex kernel). Returns (dropout_p, scale) as
-    Python floats: dropout_p > 1 raises as torch's dropout does; dropout_p <= 0 or NaN means no dropout, as in
-    torch's math backend (`if (dropout_p > 0.0)`); scale may be negative, 0, inf or NaN, as in torch."""
+    Python floats, as given."""
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor):
             raise _binding_error(name, "Tensor", t)
@@ -226,6 +241,20 @@ def check_arguments(query, key, value, attn_mask, dropout_p, is_causal, scale, e
                                   f"supported, as in torch (its softmax has no complex kernel)")
     if not query.is_floating_point():
         raise _sdpa_error(f"query must be floating point, got {query.dtype}")
+    return dropout_p, scale
+
+
+def check_arguments(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    """Refuse what torch's SDPA (its math backend: what torch runs on the GPUs this engine is for) refuses, with
+    torch's exception type (see check_inputs; then the math backend's head dim and key/value length rules).
+    Returns (dropout_p, scale) as Python floats: dropout_p > 1 raises as torch's dropout does; dropout_p <= 0 or
+    NaN means no dropout, as in torch's math backend (`if (dropout_p > 0.0)`); scale may be negative, 0, inf or
+    NaN, as in torch."""
+    dropout_p, scale = check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if enable_gqa and min(query.dim(), key.dim(), value.dim()) < 3:  # torch reads the head dim (-3) of each
+        raise IndexError(f"scaled_dot_product_attention: enable_gqa=True needs query, key and value with a head dim "
+                         f"(at least 3-D: [..., H, L, E]), got {tuple(query.shape)}, {tuple(key.shape)}, "
+                         f"{tuple(value.shape)}")
     if query.shape[-1] != key.shape[-1]:
         raise _sdpa_error(f"query and key head dims differ: {query.shape[-1]} vs {key.shape[-1]}")
     if key.shape[-2] != value.shape[-2]:
@@ -235,6 +264,46 @@ def check_arguments(query, key, value, attn_mask, dropout_p, is_causal, scale, e
     if not dropout_p > 0.0:  # negative or NaN: no dropout (torch's math backend)
         dropout_p = 0.0
     return dropout_p, scale
+
+
+_empty_value_zeros = None  # whether this torch returns zeros for an empty value: read on first need, then kept
+
+
+def torch_zeros_for_empty_value() -> bool:
+    """Whether the torch installed returns zeros where value holds no elements (torch 2.14 does, before any shape
+    check; torch 2.5 computes as usual: a broadcast error for zero key/value heads against the query's). Read once,
+    in eager code, from torch's own function on tiny CPU tensors (no GQA: nothing divides by zero); inside a
+    torch.compile trace before that first read: False (the engine then computes as torch 2.5 does)."""
+    global _empty_value_zeros
+    if _empty_value_zeros is None:
+        if torch.compiler.is_dynamo_compiling():
+            return False
+        try:
+            out = torch._C._nn.scaled_dot_product_attention(torch.zeros(1, 2, 1, 1), torch.zeros(1, 0, 1, 1),
+                                                             torch.zeros(1, 0, 1, 1))
+            _empty_value_zeros = tuple(out.shape) == (1, 2, 1, 1)
+        except RuntimeError:
+            _empty_value_zeros = False
+    return _empty_value_zeros
+
+
+def empty_result(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """torch's result where `value` holds no elements (no key/value heads, batch, keys or value dims) and the torch
+    installed has that rule (torch_zeros_for_empty_value), else None. torch's math backend checks the types, dtypes, devices, ranks and is_causal with a mask (check_inputs) and
+    then returns zeros of the query's shape with value's last dim, whatever the other shapes (head counts, GQA,
+    key length, mask shape) and dropout_p are: so does this. The zeros stay connected to the inputs that need
+    grad (a zero gradient), as torch's are."""
+    check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    attn_mask, is_causal, _ = causal_bias(attn_mask, is_causal, query.shape[-2], key.shape[-2], query.device)
+    if is_causal and attn_mask is not None:
+        raise _sdpa_error("Explicit attn_mask should not be set when is_causal=True")
+    if value.numel() != 0 or not torch_zeros_for_empty_value():
+        return None
+    out = query.new_zeros((*query.shape[:-1], value.shape[-1]))
+    for t in (query, key, value):
+        if t.requires_grad and torch.is_grad_enabled():
+            out = out + t.reshape(-1)[:0].sum()  # 0, with a (zero) gradient path to t
+    return out
 
 
 def _is_causal_bias(attn_mask) -> bool:

@@ -17,5 +17,5 @@ def flash_layout_attention(q, k, v, dropout_p=0.0, softmax_scale=None, causal=Fa
             f"{'set' if alibi_slopes is not None else None}, return_attn_probs={return_attn_probs} are not "
             f"supported by the tiled engine; only dropout_p, softmax_scale and causal are")
     out = scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, dropout_p,
-                                       causal, softmax_scale, q.shape[2] != k.shape[2])
+                                       causal, scale=softmax_scale, enable_gqa=q.shape[2] != k.shape[2])
     return out.transpose(1, 2)

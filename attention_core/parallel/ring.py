@@ -198,8 +198,8 @@ def ring_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scal
         return _no_heads(q, k, v, mask, return_lse)
     scale = 1.0 / math.sqrt(E) if scale is None else float(scale)
     if P == 1:
-        return scaled_dot_product_attention(q, k, v, mask, 0.0, is_causal, scale, enable_gqa, return_lse=return_lse,
-                                            **engine_kwargs)
+        return scaled_dot_product_attention(q, k, v, mask, 0.0, is_causal, scale=scale, enable_gqa=enable_gqa,
+                                            return_lse=return_lse, **engine_kwargs)
     device = _comm_device(group, q)
     zigzag = is_causal and n % 2 == 0
     if zigzag:

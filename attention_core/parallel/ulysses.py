@@ -105,8 +105,8 @@ class _UlyssesCall:
 
     def engine(self, q, k, v, mask, return_lse):
         dropout_p, is_causal, scale = self.args
-        return scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale, k.shape[1] != q.shape[1],
-                                            return_lse=return_lse, **self.engine_kwargs)
+        return scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale=scale,
+                                            enable_gqa=k.shape[1] != q.shape[1], return_lse=return_lse, **self.engine_kwargs)
 
 
 @_not_traced
@@ -127,7 +127,7 @@ def ulysses_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, s
                          f"divisible by the number of ranks (use ring_attention, or a group of a size dividing {H})")
     mask = _mask4(attn_mask, B, H, n, n * P, fn)
     if P == 1:
-        return scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa,
+        return scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa,
                                             return_lse=return_lse, **engine_kwargs)
     g = H // Hkv
     if Hkv % P:  # fewest kv-head copies so that kv heads split with their query heads
