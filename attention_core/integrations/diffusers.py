@@ -113,9 +113,9 @@ def _engine_sdpa(key: str, options: dict):
     """torch.nn.functional.scaled_dot_product_attention's signature, run by the engine, counted under `key`."""
     from ..sdpa import scaled_dot_product_attention as engine
 
-    def scaled_dot_product_attention(query, key_, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                                     enable_gqa=False):
-        return engine(query, key_, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+    def scaled_dot_product_attention(query, key_, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
+                                     scale=None, enable_gqa=False):  # torch's: scale and enable_gqa keyword-only
+        return engine(query, key_, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa,
                       count_as=counts.traced_key(key), **options)
     return scaled_dot_product_attention
 
