@@ -1,6 +1,7 @@
 """Patch Attention on a GGUF-loaded Wan 2.2 14B expert, as the 14B workflows' notes tell users to swap it in: city96's
-ComfyUI-GGUF itself (its UnetLoaderGGUF, GGMLOps and GGUFModelPatcher; not a stand-in) in the custom_nodes of a real
-ComfyUI 0.33.0, the high-noise expert written as a Q8_0 GGUF file of the tiny architecture
+ComfyUI-GGUF (its UnetLoaderGGUF, GGMLOps and GGUFModelPatcher) in the custom_nodes of a real ComfyUI 0.33.0 (the
+real pack where a clone of it is here, else tools/fixtures/comfyui_gguf_standin, which follows it on this path;
+the test prints which), the high-noise expert written as a Q8_0 GGUF file of the tiny architecture
 (tools/fixtures/tiny_models_wan14.write_gguf_expert), the bundled text-to-video workflow with that expert's
 *Load Diffusion Model* replaced by *Unet Loader (GGUF)* feeding the same Patch Attention.
 
@@ -8,10 +9,13 @@ With the pack on (mode chunked, min_tokens 0) every DiT attention call of both e
 reached ComfyUI's attention with the pack off, none outside; the sampled latent agrees with the unpatched one within
 TOL_EPS fp32 epsilon of its largest value.
 
-Needs ComfyUI-GGUF (TILED_ATTENTION_GGUF_PACK, or a clone at .cache/ComfyUI-GGUF:
-`git clone https://github.com/city96/ComfyUI-GGUF .cache/ComfyUI-GGUF`) and the `gguf` package
-(tests/requirements-test.txt pins it).
+The real pack is taken from TILED_ATTENTION_GGUF_PACK, or a clone at .cache/ComfyUI-GGUF
+(`git clone https://github.com/city96/ComfyUI-GGUF .cache/ComfyUI-GGUF`); where neither is there (CI: no network but
+package registries; fetched third-party code is not committed) the stand-in runs. Where the real pack is here,
+test_standin_follows_the_real_pack checks that the stand-in has its node id, inputs, classes, bases and methods on
+this path. Needs the `gguf` package (tests/requirements-test.txt pins it).
 """
+import ast
 import json
 import os
 import subprocess
@@ -22,7 +26,7 @@ import torch
 
 from comfy_harness import missing
 from tools.comfyui_setup.comfyui import LATEST, ROOT, comfy_path
-from tools.comfyui_setup.comfy_server import ComfyServer
+from tools.comfyui_setup.comfy_server import FIXTURES, ComfyServer
 from tools.comfyui_setup.prompt_tools import attention_census, resized, saved_latents, workflow_api
 from tools.fixtures.tiny_models_wan14 import HIGH_LAYERS, LOW_LAYERS
 
@@ -36,21 +40,31 @@ WRITE = ("import sys; from tools.comfyui_setup.comfyui import import_comfy; impo
          f"write_gguf_expert(sys.argv[1] + '/models/unet/{GGUF_FILE}')")
 
 
-def gguf_pack():
+STANDIN = os.path.join(FIXTURES, "comfyui_gguf_standin")
+
+
+def real_pack():
+    """The real ComfyUI-GGUF's folder, or None where it is not here."""
     path = os.environ.get("TILED_ATTENTION_GGUF_PACK") or os.path.join(ROOT, ".cache", "ComfyUI-GGUF")
-    if not os.path.isfile(os.path.join(path, "loader.py")):
-        missing(f"ComfyUI-GGUF not found at {path}: git clone https://github.com/city96/ComfyUI-GGUF {path} "
-                "(or set TILED_ATTENTION_GGUF_PACK)")
+    return path if os.path.isfile(os.path.join(path, "loader.py")) else None
+
+
+def gguf_pack():
+    """(folder, name under custom_nodes, words for the output): the real pack where present, else the stand-in."""
     try:
         import gguf  # noqa: F401
     except ImportError:
         missing("the gguf package is absent (tests/requirements-test.txt pins it)")
-    return path
+    real = real_pack()
+    if real is not None:
+        return real, "ComfyUI-GGUF", f"city96's ComfyUI-GGUF at {real}"
+    return STANDIN, "comfyui_gguf_standin", ("the stand-in tools/fixtures/comfyui_gguf_standin (no ComfyUI-GGUF at "
+                                             "TILED_ATTENTION_GGUF_PACK or .cache/ComfyUI-GGUF)")
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    pack = gguf_pack()
+    pack, folder, which = gguf_pack()
     if comfy_path(LATEST) is None:
         missing(f"no ComfyUI {LATEST} (./dev setup)")
     base = tmp_path_factory.mktemp("wan14_gguf")
@@ -58,18 +72,19 @@ def server(tmp_path_factory):
                           timeout=600)
     assert made.returncode == 0, made.stderr[-3000:]
     os.makedirs(base / "custom_nodes", exist_ok=True)
-    os.symlink(os.path.abspath(pack), base / "custom_nodes" / "ComfyUI-GGUF")
+    os.symlink(os.path.abspath(pack), base / "custom_nodes" / folder)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TILED_ATTENTION_TEST_CENSUS", "1")
         mp.delenv("TILED_ATTENTION_TEST_BREAK", raising=False)
         srv = ComfyServer(base, version=LATEST).start()
+    srv.which = which
     yield srv
     srv.stop()
 
 
 def run(server, mode):
     info = server.get("/object_info")
-    assert "UnetLoaderGGUF" in info, "ComfyUI-GGUF did not load:\n" + server.log()[-3000:]
+    assert "UnetLoaderGGUF" in info, f"{server.which} did not load:\n" + server.log()[-3000:]
     with open(os.path.join(ROOT, "workflows", NAME + ".json"), encoding="utf-8") as f:
         prompt = workflow_api().workflow_to_prompt(json.load(f), info)
     tag = f"gguf/{mode}"
@@ -95,7 +110,7 @@ def test_patch_attention_on_a_gguf_loaded_expert(server):
     on, patched = run(server, "chunked")
     log = server.log()
     assert "gguf qtypes: F32" in log and "Q8_0" in log, "the expert was not loaded from the GGUF file"
-    print(f"\npack off: {json.dumps(off)}\npack on:  {json.dumps(on)}")
+    print(f"\nGGUF loader: {server.which}\npack off: {json.dumps(off)}\npack on:  {json.dumps(on)}")
     for site in SITES:  # the GGUF high expert and the safetensors low expert, 2 steps each
         assert off["comfy"][site] % (HIGH_LAYERS + LOW_LAYERS) == 0 and off["comfy"][site] > 0, off
         assert on["engine"].get(site) == off["comfy"][site], (site, off, on)
@@ -104,3 +119,81 @@ def test_patch_attention_on_a_gguf_loaded_expert(server):
     dev = float((a - b).abs().max() / b.abs().max())
     print(f"GGUF expert: latent deviates by {dev:.3e} of its max = {dev / torch.finfo(torch.float32).eps:.1f} fp32 eps")
     assert dev <= BOUND, dev
+
+
+# what of the real pack the stand-in must have, read from the source of both (nothing imported, so this runs without
+# ComfyUI): the classes on the loading and patching path with their bases and methods, the module-level functions
+# that path calls, the node's id and inputs, and the calls into ComfyUI and gguf
+CLASSES = ("GGUFModelPatcher", "UnetLoaderGGUF", "GGMLTensor", "GGMLLayer", "GGMLOps", "GGMLOps.Linear",
+           "GGMLOps.Conv2d", "GGMLOps.Embedding", "GGMLOps.LayerNorm", "GGMLOps.GroupNorm")
+FUNCTIONS = ("gguf_sd_loader", "dequantize_tensor", "is_quantized", "is_torch_compatible", "move_patch_to_device",
+             "update_folder_names_and_paths")
+CALLS = ("gguf.GGUFReader", "comfy.sd.load_diffusion_model_state_dict", "GGUFModelPatcher.clone",
+         "folder_paths.get_full_path", "folder_paths.get_filename_list", "logging.info")
+
+
+def outline(folder):
+    """{"classes": {qualname: (bases, {method: parameters after the first})}, "functions": names, "calls": dotted
+    names called, "strings": string constants, "node": {id: class name}, "inputs": strings in UnetLoaderGGUF's
+    INPUT_TYPES, "attrs": UnetLoaderGGUF's RETURN_TYPES/FUNCTION/CATEGORY/TITLE} over the pack's four modules."""
+    out = {"classes": {}, "functions": set(), "calls": set(), "strings": set(), "node": {}, "inputs": set(),
+           "attrs": {}}
+
+    def params(f):
+        a = f.args
+        names = [x.arg for x in a.posonlyargs + a.args][1:] + [x.arg for x in a.kwonlyargs]
+        return tuple(names) + (("*" + a.vararg.arg,) if a.vararg else ()) + (("**" + a.kwarg.arg,) if a.kwarg else ())
+
+    def walk_class(c, prefix):
+        name = prefix + c.name
+        methods = {f.name: params(f) for f in c.body if isinstance(f, ast.FunctionDef)}
+        out["classes"][name] = (tuple(ast.unparse(b) for b in c.bases), methods)
+        for inner in c.body:
+            if isinstance(inner, ast.ClassDef):
+                walk_class(inner, name + ".")
+        if c.name == "UnetLoaderGGUF":
+            for item in c.body:
+                if isinstance(item, ast.FunctionDef) and item.name == "INPUT_TYPES":
+                    out["inputs"] = {n.value for n in ast.walk(item) if isinstance(n, ast.Constant)
+                                     and isinstance(n.value, str)}
+                elif isinstance(item, ast.Assign) and len(item.targets) == 1:
+                    out["attrs"][ast.unparse(item.targets[0])] = ast.literal_eval(item.value)
+
+    for module in ("nodes", "ops", "loader", "dequant"):
+        with open(os.path.join(folder, module + ".py"), encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef):
+                walk_class(node, "")
+            elif isinstance(node, ast.FunctionDef):
+                out["functions"].add(node.name)
+            elif isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "NODE_CLASS_MAPPINGS":
+                out["node"] = {k.value: ast.unparse(v) for k, v in zip(node.value.keys, node.value.values)}
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Call):
+                out["calls"].add(ast.unparse(n.func))
+            elif isinstance(n, ast.Constant) and isinstance(n.value, str):
+                out["strings"].add(n.value)
+    return out
+
+
+def test_standin_follows_the_real_pack():
+    real = real_pack()
+    if real is None:
+        pytest.skip("not applicable: no clone of ComfyUI-GGUF here (TILED_ATTENTION_GGUF_PACK or .cache/ComfyUI-GGUF) "
+                    "to compare the stand-in with; the stand-in itself is exercised by the test above")
+    want, have = outline(real), outline(STANDIN)
+    print(f"\ncomparing tools/fixtures/comfyui_gguf_standin with {real}")
+    assert want["node"]["UnetLoaderGGUF"] == have["node"]["UnetLoaderGGUF"] == "UnetLoaderGGUF", have["node"]
+    assert have["inputs"] == want["inputs"] == {"required", "unet_name", "unet_gguf"}, (want["inputs"], have["inputs"])
+    assert have["attrs"] == want["attrs"], (want["attrs"], have["attrs"])
+    for name in CLASSES:
+        (w_bases, w_methods), (h_bases, h_methods) = want["classes"][name], have["classes"].get(name, (None, {}))
+        assert h_bases == w_bases, (name, w_bases, h_bases)
+        for method, args in w_methods.items():
+            assert h_methods.get(method) == args, (f"{name}.{method}", args, h_methods.get(method))
+    assert set(FUNCTIONS) <= want["functions"] and set(FUNCTIONS) <= have["functions"], \
+        set(FUNCTIONS) - have["functions"]
+    assert set(CALLS) <= want["calls"] and set(CALLS) <= have["calls"], set(CALLS) - have["calls"]
+    for s in ("gguf qtypes: ", "custom_operations", "model.diffusion_model.", "comfy.gguf.orig_shape."):
+        assert any(s in x for x in want["strings"]) and any(s in x for x in have["strings"]), s
