@@ -197,3 +197,29 @@ def test_standin_follows_the_real_pack():
     assert set(CALLS) <= want["calls"] and set(CALLS) <= have["calls"], set(CALLS) - have["calls"]
     for s in ("gguf qtypes: ", "custom_operations", "model.diffusion_model.", "comfy.gguf.orig_shape."):
         assert any(s in x for x in want["strings"]) and any(s in x for x in have["strings"]), s
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "BF16", "F16", "F32"])
+def test_standin_dequantizes_as_gguf_does(qtype):
+    """Both runs of the first test dequantize with the same loader, so a wrong dequantization would not show there:
+    the stand-in's torch dequantization must give gguf's own numpy dequantization of the same bytes, bit for bit."""
+    try:
+        import gguf
+    except ImportError:
+        missing("the gguf package is absent (tests/requirements-test.txt pins it)")
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("comfyui_gguf_standin_dequant", os.path.join(STANDIN, "dequant.py"))
+    dequant = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dequant)  # gguf and torch only; no ComfyUI
+    kind = getattr(gguf.GGMLQuantizationType, qtype)
+    values = torch.randn(48, 64, generator=torch.Generator().manual_seed(0)).numpy()
+    raw = gguf.quants.quantize(values, kind)
+    want = torch.from_numpy(gguf.quants.dequantize(raw, kind).astype("float32"))
+    t = torch.from_numpy(raw)
+    t = t.view(torch.float16 if qtype == "F16" else torch.float32) if qtype in ("F16", "F32") else t
+    t.tensor_type, t.tensor_shape = kind, torch.Size((48, 64))
+    got = dequant.dequantize_tensor(t, torch.float32, dequant_dtype="target")  # computed in float32
+    assert got.shape == want.shape and torch.equal(got, want), (qtype, float((got - want).abs().max()))
+    # by default (the loader's dequant_dtype None) the real pack multiplies in the scale's float16: one rounding
+    fp16 = dequant.dequantize_tensor(t, torch.float32)
+    assert torch.equal(fp16, want.half().float() if qtype == "Q8_0" else want), qtype
