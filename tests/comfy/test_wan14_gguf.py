@@ -13,7 +13,10 @@ The real pack is taken from TILED_ATTENTION_GGUF_PACK, or a clone at .cache/Comf
 (`git clone https://github.com/city96/ComfyUI-GGUF .cache/ComfyUI-GGUF`); where neither is there (CI: no network but
 package registries; fetched third-party code is not committed) the stand-in runs. Where the real pack is here,
 test_standin_follows_the_real_pack checks that the stand-in has its node id, inputs, classes, bases and methods on
-this path. Needs the `gguf` package (tests/requirements-test.txt pins it).
+this path. Both runs load through the same loader, so the stand-in's own path is checked apart: its dequantization
+against gguf's (test_standin_dequantizes_as_gguf_does), and in-process that its models stay GGUFModelPatchers with
+quantized weights and Patch Attention's override through every clone. Needs the `gguf` package
+(tests/requirements-test.txt pins it).
 """
 import ast
 import json
@@ -24,7 +27,7 @@ import sys
 import pytest
 import torch
 
-from comfy_harness import missing
+from comfy_harness import load_pack, missing
 from tools.comfyui_setup.comfyui import LATEST, ROOT, comfy_path
 from tools.comfyui_setup.comfy_server import FIXTURES, ComfyServer
 from tools.comfyui_setup.prompt_tools import attention_census, resized, saved_latents, workflow_api
@@ -223,3 +226,53 @@ def test_standin_dequantizes_as_gguf_does(qtype):
     # by default (the loader's dequant_dtype None) the real pack multiplies in the scale's float16: one rounding
     fp16 = dequant.dequantize_tensor(t, torch.float32)
     assert torch.equal(fp16, want.half().float() if qtype == "Q8_0" else want), qtype
+
+
+def load_standin():
+    """The stand-in imported as ComfyUI imports a custom node folder (a package under its own name)."""
+    import importlib.util
+    name = "comfyui_gguf_standin"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(STANDIN, "__init__.py"),
+                                                      submodule_search_locations=[STANDIN])
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+def test_standin_patcher_keeps_gguf_weights_and_the_override_through_clones(tmp_path):
+    """In-process (ComfyUI 0.33.0), the stand-in's own path: the loaded model is a GGUFModelPatcher whose linear
+    weights stay Q8_0 GGMLTensors; Patch Attention's clone, and every later clone (the sampler clones the model),
+    stay GGUFModelPatchers with the pack's override in their model_options."""
+    import asyncio
+    pack = load_pack()
+    try:
+        import gguf
+    except ImportError:
+        missing("the gguf package is absent (tests/requirements-test.txt pins it)")
+    import comfy.sd
+    import folder_paths
+    from tools.fixtures.tiny_models_wan14 import write_gguf_expert
+    before = folder_paths.folder_names_and_paths.get("unet_gguf")
+    try:
+        standin = load_standin()
+        sd = standin.loader.gguf_sd_loader(write_gguf_expert(str(tmp_path / GGUF_FILE)))
+        loaded = comfy.sd.load_diffusion_model_state_dict(sd, model_options={"custom_operations":
+                                                                             standin.ops.GGMLOps()})
+        model = standin.nodes.GGUFModelPatcher.clone(loaded)
+    finally:  # the stand-in registers its file list at import, as the real pack does: not left behind here
+        if before is None:
+            folder_paths.folder_names_and_paths.pop("unet_gguf", None)
+        else:
+            folder_paths.folder_names_and_paths["unet_gguf"] = before
+    extension = asyncio.run(pack.comfy_entrypoint())
+    patch = {c.GET_SCHEMA().node_id: c for c in asyncio.run(extension.get_node_list())}["TiledAttentionPatch"]
+    patched = patch.execute(model, "chunked", 0, "keep", 0)[0]
+    again = patched.clone().clone()
+    override = patched.model_options["transformer_options"]["optimized_attention_override"]
+    for m in (model, patched, again):
+        assert type(m) is standin.nodes.GGUFModelPatcher, type(m)
+        w = m.model.diffusion_model.blocks[0].self_attn.q.weight
+        assert isinstance(w, standin.ops.GGMLTensor) and w.tensor_type == gguf.GGMLQuantizationType.Q8_0, type(w)
+    assert again.model_options["transformer_options"].get("optimized_attention_override") is override
+    assert "optimized_attention_override" not in model.model_options.get("transformer_options", {})
