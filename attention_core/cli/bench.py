@@ -45,8 +45,8 @@ import sys
 import tempfile
 import time
 
-from .device import machine_load
-from .device.sync import synchronize
+from ..device import machine_load
+from ..device.sync import synchronize
 from .plan import PRESETS, preset_shapes
 
 METHODS = ["math", "torch", "chunked", "inplace", "online", "auto", "chunked-prev", "auto-prev", "chunked-queries",
@@ -59,7 +59,7 @@ GIB = 1 << 30
 
 def default_comfyui():
     """ComfyUI for the comfy-* methods: $COMFYUI_LATEST_PATH, $COMFYUI_PATH, else the stock 0.33.0 ./dev set up."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     for path in (os.environ.get("COMFYUI_LATEST_PATH"), os.environ.get("COMFYUI_PATH"),
                  os.path.join(root, ".cache", "comfyui-0.33.0")):
         if path and os.path.isfile(os.path.join(path, "comfy", "model_management.py")):
@@ -124,7 +124,7 @@ def _method_fn(name, case, torch):
         os.environ[profiles.ENV_LAYOUT] = name[len("chunked-"):]  # this case's own process (_run_in_subprocess)
         return lambda q, k, v: scaled_dot_product_attention(q, k, v, tier="chunked")
     if name == "tuned":
-        from .device import profiles
+        from ..device import profiles
         from . import tune
         entry = profiles.lookup(q_shape=(case["batch"], case["heads"], case["n"], case["dim"]), dtype=case["dtype"],
                                 device=case["device"])
@@ -303,7 +303,7 @@ def make_reference(case, path):
 # ------------------------------------------------------------------------------------------------ driver
 def _run_in_subprocess(case, timeout):
     cmd = [sys.executable, "-m", "attention_core.bench", "--case", json.dumps(case)]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     # torch's OpenMP pool spins between ops by default; on small shared VMs (2 vCPUs) spinning workers starve the
     # main thread and make timings bimodal (10x swings run to run). Every method runs with the same setting.
@@ -537,7 +537,7 @@ def main(argv=None):
     a.dtype = a.dtype or ("float32" if device == "cpu" else "float16")
     methods = [m.strip() for m in (a.methods or ",".join(QUICK_METHODS if a.quick else METHODS)).split(",")
                if m.strip()]
-    from .kernel.memory import free_memory
+    from ..kernel.memory import free_memory
     for mode, n, heads, dim, dtype, _ in build_plan(a):  # inputs that cannot exist: say so before running
         need = 4 * a.batch * heads * n * dim * getattr(torch, dtype).itemsize  # q, k, v and the output gradient
         free = free_memory(torch.device(device))

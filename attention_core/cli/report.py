@@ -30,7 +30,7 @@ import traceback
 ISSUES = "https://github.com/tiled-attention/comfyui-tiled-attention/issues"
 PRESET = "wan22-5b-480p"
 METHODS = "math,torch,chunked,inplace,online,auto,comfy-subquad"
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV_SHOWN = ("HSA_OVERRIDE_GFX_VERSION", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "PYTORCH_HIP_ALLOC_CONF",
              "PYTORCH_CUDA_ALLOC_CONF", "MIOPEN_FIND_MODE", "TILED_ATTENTION", "TILED_ATTENTION_TUNE")
 
@@ -67,7 +67,7 @@ def _rocm_version():
 
 
 def _pack_version():
-    from . import __version__
+    from .. import __version__
     try:
         rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                              timeout=10)
@@ -91,7 +91,7 @@ def _try(fn):
 def section_device(device, ctx):
     """Device, arch, memory and the software stack, as a two-column table."""
     import torch
-    from .device.profiles import _device_name
+    from ..device.profiles import _device_name
     name, arch = _device_name(device)
     rows = [("device", device), ("name", name)]
     d = torch.device(device)
@@ -123,7 +123,7 @@ def section_device(device, ctx):
 
 def section_detection(device, ctx):
     """attention_core.device.detection's verdict and its full report."""
-    from .device.detection import detect
+    from ..device.detection import detect
     r = detect(device)
     ctx["verdict"] = "needs tiled attention" if r.needs_tiled_attention else "has fused attention"
     return f"**{ctx['verdict']}**: {r.reason}\n\n" + _fence(r.text())
@@ -233,7 +233,7 @@ def default_out(device) -> str:
     """tiled-attention-report-<gpu name>-<arch>.md (or -cpu.md) in the current folder."""
     if device == "cpu":
         return "tiled-attention-report-cpu.md"
-    from .device.profiles import _device_name
+    from ..device.profiles import _device_name
     slug = re.sub(r"[^a-z0-9]+", "-", "-".join(_device_name(device)).lower()).strip("-")[:60]
     return f"tiled-attention-report-{slug or 'gpu'}.md"
 

@@ -294,7 +294,7 @@ def pack_tile(tier: str, bh_kv: int, g: int, n: int, elem: int, budget: int, cpu
     engine's own rule (about TARGET_TILE_ELEMS scores, all heads when that leaves >= PREF_ROWS rows each, else
     fewer heads; heads of `head_dim` <= HEAD_CAP_MAX_DIM dims capped per head); None when not even MIN_BLOCK rows
     fit."""
-    from .kernel.memory import ONLINE_BLOCK_KV, tile_for
+    from ..kernel.memory import ONLINE_BLOCK_KV, tile_for
     kind = "cpu" if cpu else "other"
     per = per or tier_bytes_per_score(tier, elem, cpu)
     bk = n if tier != "online" else min(n, ONLINE_BLOCK_KV[kind])
@@ -309,7 +309,7 @@ def pack_floor(tier: str, n: int, elem: int, cpu: bool = False, per: Optional[in
     """The least budget a tier can run with (the engine's sizing rule): one head, MIN_BLOCK rows, full key rows
     (chunked/inplace) or MIN_BLOCK keys (online), at `per` bytes a score (default: tier_bytes_per_score of `elem`;
     estimate passes score_bytes of the compute dtype, as it does for the tile)."""
-    from .kernel.memory import MIN_BLOCK
+    from ..kernel.memory import MIN_BLOCK
     keys = n if tier != "online" else MIN_BLOCK
     return (per or tier_bytes_per_score(tier, elem, cpu)) * MIN_BLOCK * keys
 
@@ -321,13 +321,13 @@ def ffn_bytes(batch: int, n: int, ffn: int, elem: int, chunks: int = 1) -> int:
 
 def ffn_auto_chunks(batch: int, n: int, ffn: int, elem: int, free: int) -> int:
     """FFN Chunking's chunks = 0 rule (attention_core.ffn.chunking.AUTO_SHARE of free memory per chunk)."""
-    from .ffn.chunking import AUTO_SHARE
+    from ..ffn.chunking import AUTO_SHARE
     return max(1, min(n, math.ceil(ffn_bytes(batch, n, ffn, elem) / max(1, free * AUTO_SHARE))))
 
 
 def detected_free() -> tuple:
     """(bytes free, where): the first GPU's free memory, else available RAM."""
-    from .kernel.memory import free_memory
+    from ..kernel.memory import free_memory
     import torch
     dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     free = free_memory(dev)
@@ -343,7 +343,7 @@ def estimate(model: str, width: int, height: int, frames: int, free: int, dtype_
     dtype ("fp16", "bf16", "fp32"; default from dtype_bytes), precision (the engine's mode) and layout (how q/k/v
     arrive: "comfyui" inside ComfyUI, "heads" contiguous [B, H, N, D]) decide the K/V copies each tier's total
     counts on top of its tile."""
-    from .kernel.memory import FREE_FRACTION
+    from ..kernel.memory import FREE_FRACTION
     if model not in MODELS:
         raise ValueError(f"attention_core.plan: unknown model {model!r}; choose from {', '.join(MODELS)}")
     spec = MODELS[model]
@@ -475,7 +475,7 @@ def time_report(est: dict, calibration: Optional[str] = None, steps=None, cpu: b
     """The time section (attention_core.estimate.report) for `est`, from the calibration file `calibration` or
     the one of `device` (default: the first GPU, else the CPU; --cpu: the CPU) in the tiles' compute dtype;
     blocks: the DiT blocks a step runs (default: all of the model's; 1 to compare with a one-block demo)."""
-    from .device import calibration as cal_file
+    from ..device import calibration as cal_file
     from . import cli_args, estimate as est_mod
     if calibration is None:
         if device is None:
@@ -515,7 +515,7 @@ def main(argv=None) -> int:
                          "python -m attention_core.calibrate)")
     a = ap.parse_args(argv)
     if a.calibration is not None:  # a file named on the command line: a broken one is an error, not a warning
-        from .device.calibration import problem
+        from ..device.calibration import problem
         bad = problem(a.calibration)
         if bad:
             cli_args.fail(ap, "--calibration", f"{bad} (make a new one with python -m attention_core.calibrate "

@@ -40,11 +40,11 @@ import sys
 import time
 from typing import Optional
 
-from .device import machine_load
-from .device.sync import synchronize
-from .device.torch_sdpa import default_backend, math_sdpa, torch_sdpa
+from ..device import machine_load
+from ..device.sync import synchronize
+from ..device.torch_sdpa import default_backend, math_sdpa, torch_sdpa
 from . import plan
-from .device.calibration import VERSION, calibration_path, kind_note, save
+from ..device.calibration import VERSION, calibration_path, kind_note, save
 
 TOKENS = (1024, 2048, 4096)
 HEADS = 8          # calibration heads (rates are per FLOP; 24 heads would only make it slower to measure)
@@ -109,8 +109,8 @@ def measure(device: str = "cpu", dtype: str = "fp32", model: str = "wan22-5b", t
     machine_load.Monitor; each rate's readings go to monitor.figures[(kind, tokens)] (GEMMs: ("gemm", n))."""
     import torch
 
-    from .device.profiles import _device_name
-    from .sdpa import scaled_dot_product_attention
+    from ..device.profiles import _device_name
+    from ..sdpa import scaled_dot_product_attention
     td = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
     dev = torch.device(device)
     spec = plan.MODELS[model]

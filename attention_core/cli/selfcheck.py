@@ -13,10 +13,10 @@ import sys
 import torch
 
 from . import cli_args
-from .device.detection import detect
-from .device.torch_sdpa import math_sdpa
-from .sdpa import scaled_dot_product_attention
-from .kernel.tiers import ORDER as TIERS
+from ..device.detection import detect
+from ..device.torch_sdpa import math_sdpa
+from ..sdpa import scaled_dot_product_attention
+from ..kernel.tiers import ORDER as TIERS
 
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 5e-3, torch.bfloat16: 4e-2}
 

@@ -28,13 +28,13 @@ import statistics
 import sys
 import time
 
-from .device import machine_load
-from .device.sync import synchronize
-from .kernel.memory import ONLINE_BLOCK_KV, tile_budget, tile_for
-from .kernel.oom import is_oom, release_cached
-from .device.profiles import (PROFILE_VERSION, _device_name, bytes_per_score, profile_dir, profile_name, profile_path,
+from ..device import machine_load
+from ..device.sync import synchronize
+from ..kernel.memory import ONLINE_BLOCK_KV, tile_budget, tile_for
+from ..kernel.oom import is_oom, release_cached
+from ..device.profiles import (PROFILE_VERSION, _device_name, bytes_per_score, profile_dir, profile_name, profile_path,
                        save_profile, tuned_blocks_for)
-from .sdpa import scaled_dot_product_attention
+from ..sdpa import scaled_dot_product_attention
 
 TOLERANCE = 0.03  # a tile within 3 % of the fastest counts as fast; the smallest of those is kept
 LAYOUT_ROUNDS = 4  # interleaved rounds per shape when tuning the chunked tier's score layout
