@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from attention_core import bench
+from attention_core.cli import bench
 from attention_core.device import machine_load
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -27,8 +27,8 @@ TIE = 0.10       # methods within 10 % of each other: either order is a tie (the
 TOKENS = 4096
 CHILD = r"""
 import json, sys, torch
-from attention_core import calibrate, estimate, plan
-from attention_core.bench import _comfy_attention
+from attention_core.cli import calibrate, estimate, plan
+from attention_core.cli.bench import _comfy_attention
 from tools.measure import predict_step
 comfyui = sys.argv[1]
 spec = plan.ModelSpec("narrow-wan", "narrow Wan block", (4, 16, 16), (1, 2, 2), 8, 128, 4096, 1, "test")

@@ -14,7 +14,7 @@ import types
 import pytest
 import torch
 
-from attention_core import bench, calibrate, cli_args, plan
+from attention_core.cli import bench, calibrate, cli_args, plan
 from attention_core.device import calibration, profiles
 
 
@@ -290,7 +290,7 @@ def test_a_version_1_file_reads_its_math_as_torchs_default_with_a_note(tmp_path,
     assert calibration.kind_note({**_calib(), "torch_default": "flash_attention"}, "torch") == (
         " (torch's default SDPA, backend flash_attention)")
     # the estimate reads the pack's and sub-quadratic's rates of the old file as before
-    from attention_core import estimate
+    from attention_core.cli import estimate
     spec = plan.MODELS["wan22-5b"]
     assert estimate.step_time(spec, 4096, got, "pack") == estimate.step_time(spec, 4096, old, "pack")
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import attention_core.device.detection as detection
-from attention_core import calibrate, cli_args, plan, report, selfcheck
+from attention_core.cli import calibrate, cli_args, plan, report, selfcheck
 from attention_core.device import jsonfile, machine_load
 
 
@@ -329,7 +329,7 @@ def test_python_m_report_writes_the_report_and_exits_0(monkeypatch, capsys, tmp_
     """`python -m attention_core.report --out FILE`: the file is written (here with every section failing fast on a
     broken detection, self-check and benchmark, as a broken build's would), exit 0 from main() through the entry
     line."""
-    from attention_core import selfcheck as selfcheck_mod
+    from attention_core.cli import selfcheck as selfcheck_mod
 
     def broken(*a, **k):
         raise RuntimeError("broken build")

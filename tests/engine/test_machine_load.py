@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from attention_core import bench, calibrate, tune
+from attention_core.cli import bench, calibrate, tune
 from attention_core.device import calibration, machine_load, profiles
 
 CORES = os.cpu_count() or 1

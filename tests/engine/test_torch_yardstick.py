@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import attention_core as ac
-from attention_core import bench, selfcheck
+from attention_core.cli import bench, selfcheck
 from attention_core.device import torch_sdpa
 
 PKG = pathlib.Path(ac.__file__).parent
