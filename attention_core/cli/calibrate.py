@@ -118,8 +118,8 @@ def measure(device: str = "cpu", dtype: str = "fp32", model: str = "wan22-5b", t
     sync = functools.partial(synchronize, dev)
     subquad = None
     if comfyui:
-        from .bench import _comfy_attention
-        subquad = _comfy_attention(comfyui, "comfy-subquad")
+        from .bench_methods import comfy_attention
+        subquad = comfy_attention(comfyui, "comfy-subquad")
     att = {"pack": [], "subquad": [], "math": [], "torch": []}
     backends = set()
     g = torch.Generator().manual_seed(0)

@@ -311,6 +311,9 @@ def test_skipped_cases_are_only_the_cpus():
 def _run_as_main(module, argv, monkeypatch):
     """`python -m attention_core.<module> argv...`, in this process: the exit code."""
     monkeypatch.setattr(sys, "argv", [module] + argv)
+    # imported, attention_core.<module> is attention_core.cli.<module> itself (the alias puts it in sys.modules),
+    # whose loader runpy will not run under the alias's name: run the alias file, as a fresh `python -m` does
+    monkeypatch.delitem(sys.modules, f"attention_core.{module}", raising=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # runpy: the module is imported already (by this test)
         with pytest.raises(SystemExit) as e:

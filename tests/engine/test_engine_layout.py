@@ -68,7 +68,7 @@ CLI = "attention_core.cli"  # the commands and what they share (cli_args, estima
 LAYERS = ("attention_core.device", "attention_core.kernel", None, CLI)
 COMFYUI = {"comfy", "comfy_extras", "comfy_api", "folder_paths", "nodes", "server", "execution", "tools"}
 # the commands that time ComfyUI's own attention beside the engine's (--comfyui PATH), importing it in a function
-WITH_COMFYUI = {"attention_core.cli.bench", "attention_core.cli.bench_models.zimage"}
+WITH_COMFYUI = {"attention_core.cli.bench_methods", "attention_core.cli.bench_models.zimage"}
 
 
 def _layer(name):

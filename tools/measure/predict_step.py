@@ -133,7 +133,8 @@ def main(argv=None) -> int:
                          "runnable threads above a quarter of the cores on average); the table says so")
     a = ap.parse_args(argv)
     methods = a.methods.split(",")
-    from attention_core.cli.bench import _comfy_attention, default_comfyui
+    from attention_core.cli.bench import default_comfyui
+    from attention_core.cli.bench_methods import comfy_attention
     comfyui = default_comfyui()
     if "subquad" in methods and not comfyui:
         cli_args.fail(ap, "--methods", "subquad needs ComfyUI: set COMFYUI_PATH (or run ./dev setup)")
@@ -156,7 +157,7 @@ def main(argv=None) -> int:
         blocks = [WanBlock().to(device) for _ in range(a.blocks)]
         attn = {"pack": pack_attention}
         if "subquad" in methods:
-            attn["subquad"] = _comfy_attention(comfyui, "comfy-subquad")
+            attn["subquad"] = comfy_attention(comfyui, "comfy-subquad")
         spec = plan.MODELS["wan22-5b"]
         rows = []
         measured = {m: measure(blocks, a.tokens, attn[m], device, batch=a.batch, monitor=monitor, name=m)

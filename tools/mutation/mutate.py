@@ -119,6 +119,7 @@ BY_FILE = [
     ("nodes/comfy_adapter.py", [NODES, ROUTING, CLONES, EVERYWHERE, NOTICE, AUTOCAST, COMPILE, ADAPTER_KILLS,
                                 C + "test_everywhere_counts.py"]),
     ("nodes/comfy_global_route.py", [EVERYWHERE, AUTOCAST, NODES, ADAPTER_KILLS] + EVERYWHERE_MORE),  # ComfyUI's global attention in the process-wide mode
+    ("nodes/comfy_preferred_route.py", [C + "test_preferred_attention.py", EVERYWHERE, NODES]),  # a layer's own function
     ("nodes/connector_route.py", [ROUTING, CLONES, NODES, ADAPTER_KILLS]),  # LTX-2.3's text connectors
     ("nodes/everywhere.py", [EVERYWHERE, NODES, ADAPTER_KILLS] + EVERYWHERE_MORE),  # the process-wide mode: environment variable, state
     ("nodes/everywhere_node.py", [EVERYWHERE, NODES, SCHEMAS, C + "test_everywhere_state.py"]),  # Tiled Attention Everywhere
@@ -395,7 +396,8 @@ EQUIVALENT += [
        f"def int_range(lo: int = 1, hi: int {op} None = None):",
        "with `from __future__ import annotations` annotations are strings, never evaluated")
       for op in ("<<", ">>", "&", "^", "+", "-", "*", "/", "//", "%", "**")
-] + [("attention_core/cli/tune.py::candidates", 'if bkv > n and tier == "online":', f'if bkv > n and tier {op} "online":',
+] + [("attention_core/cli/tune.py::candidates", 'if bkv > n and tier == "online":',
+      f'if bkv > n and tier {op} "online":',
       "for chunked and inplace the only key block is n, so `bkv > n` is already False; for online both agree")
      for op in ("<=", ">=")
 ] + [(f"attention_core/cli/tune.py::{scope}", "g = torch.Generator().manual_seed(0)",
@@ -403,7 +405,8 @@ EQUIVALENT += [
        "tune_shape's and layout_check's seeded inputs are noise timed for speed only (the layout check's "
        "exactness figure is printed, not kept, and holds for any inputs)")
       for scope in ("tune_shape", "layout_check") for x in (" 1", " -1")
-] + [("attention_core/cli/plan.py::comfy_split", "steps = 1 if need <= free else 2 ** math.ceil(math.log2(need / free))",
+] + [("attention_core/cli/plan.py::comfy_split",
+       "steps = 1 if need <= free else 2 ** math.ceil(math.log2(need / free))",
        "steps = 1 if need < free else 2 ** math.ceil(math.log2(need / free))",
        "at need == free the else branch gives 2 ** ceil(log2(1.0)) = 1, the same count"),
       ("attention_core/cli/plan.py::kv_copy_bytes",
