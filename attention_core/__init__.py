@@ -16,10 +16,11 @@ Public API (what the README documents; these names and import paths stay importa
     attention_core.patch          the global patch (enable, disable, patched, is_enabled, stats)
     attention_core.multidevice    scaled_dot_product_attention_on_devices: heads split over the GPUs of a process
     attention_core.parallel       ulysses_attention, ring_attention, flash_layout_attention: torch.distributed
-    attention_core.estimate       step_time: the time-per-step estimate the planner uses
-  commands (python -m attention_core.X): selfcheck, plan, bench, tune, calibrate, report
+    attention_core.estimate       step_time: the time-per-step estimate the planner uses (defined in cli/estimate.py)
+  commands (python -m attention_core.X): selfcheck, plan, bench, tune, calibrate, report; their code lives in
+  attention_core/cli/ (cli/plan.py, ...), and attention_core.X, a one-line alias at the top, is that module
 Everything else (attention_core.kernel but its ops' two functions, attention_core.device, the ffn package's modules,
-cli_args) is internal and may move.
+attention_core.cli's modules under their cli/ names) is internal and may move.
 Importing this package changes nothing global; under torch < 2.5 it raises torch_version.TorchTooOld (an
 ImportError naming the torch needed). __version__ is pyproject.toml's [project] version, the one place it is written,
 read when first asked: from the pyproject.toml beside this package (a clone, a ComfyUI custom_nodes folder), else from

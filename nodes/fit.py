@@ -5,7 +5,7 @@ all of the model's blocks or `blocks` of them (`plan --blocks`). A size where a 
 refused by plan.estimate, naming the smallest size that works."""
 from __future__ import annotations
 
-from ..attention_core import plan
+from ..attention_core.cli import plan
 from .api import io
 
 

@@ -80,7 +80,7 @@ def test_every_equivalent_entry_names_a_line_that_exists():
 def test_an_equivalent_entry_covers_only_the_line_it_names():
     """estimate._interp has `return pts[-1][1]` twice: the second (after the loop) is unreachable, the first (n at
     or above the last measured count) is not. Keyed by place, only the second is excused."""
-    path, text = "attention_core/estimate.py", "return pts[-1][1]"
+    path, text = "attention_core/cli/estimate.py", "return pts[-1][1]"
     first, second = line_of(path, text, 1), line_of(path, text, 2)
     for after in ("        return pts[~1][1]", "        return pts[-2][1]"):
         assert mutate.equivalent_reason(located(path, second, after))

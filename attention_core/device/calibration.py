@@ -1,4 +1,4 @@
-"""The calibration file of attention_core.calibrate: where it lives, validation on load, atomic writes.
+"""The calibration file of attention_core.cli.calibrate: where it lives, validation on load, atomic writes.
 
 Untrusted input (a file on the user's disk): `load` validates every field the estimate reads (sane ranges, below)
 and treats a bad file (whatever it holds: attention_core.device.jsonfile) as absent, with one warning naming the file
@@ -37,7 +37,7 @@ def calibration_path(device: str = "cpu", dtype: str = "fp32") -> str:
     return find_profile_file(f"calibration-{slug}-{dtype}.json")
 
 
-# Sane ranges of every field attention_core.estimate reads (anything outside is a damaged or hand-edited file):
+# Sane ranges of every field attention_core.cli.estimate reads (anything outside is a damaged or hand-edited file):
 # - rates (`gflops`, GFLOP/s): 1e-6 (a thousand FLOP/s, a million times below one slow CPU core; tests time
 #   made-up tiny models that slow) to 1e7 (10 PFLOP/s, several times the fastest accelerator's dense
 #   half-precision rate). A run's FLOPs (below 1e32 at the largest size, batch and steps the planner

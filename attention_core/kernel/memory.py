@@ -136,7 +136,7 @@ def tile_for(lq: int, hkv: int, pairs_per_row: int, per: int, budget: int, bk: i
              shrink_kv: bool = False, target: Optional[int] = None, head_dim: Optional[int] = None):
     """(bq, bk, heads) for tiles of `per` bytes a score within `budget`, or None; halves bk while allowed.
 
-    Shapes only (attention_core.plan reports the same tiles): lq query rows, hkv kv heads, each (kv head, query
+    Shapes only (attention_core.cli.plan reports the same tiles): lq query rows, hkv kv heads, each (kv head, query
     row) pair holding pairs_per_row * bk scores (B * G: batch and the GQA group). The tile takes as many pairs as
     TARGET_TILE_ELEMS[kind] and the budget allow, all heads when that leaves PREF_ROWS rows per head, else fewer
     heads with more rows, and (forward, heads of `head_dim` <= HEAD_CAP_MAX_DIM) no more than HEAD_TILE_ELEMS[kind]

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from attention_core import bench
+from attention_core.cli import bench
 from attention_core.device import machine_load
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -27,8 +27,8 @@ TIE = 0.10       # methods within 10 % of each other: either order is a tie (the
 TOKENS = 4096
 CHILD = r"""
 import json, sys, torch
-from attention_core import calibrate, estimate, plan
-from attention_core.bench import _comfy_attention
+from attention_core.cli import calibrate, estimate, plan
+from attention_core.cli.bench_methods import comfy_attention
 from tools.measure import predict_step
 comfyui = sys.argv[1]
 spec = plan.ModelSpec("narrow-wan", "narrow Wan block", (4, 16, 16), (1, 2, 2), 8, 128, 4096, 1, "test")
@@ -37,7 +37,7 @@ calibrate.MATH_MAX_SCORES = 0  # math SDPA is not ranked here: not timed, to kee
 calib = calibrate.measure("cpu", "fp32", spec.key, tokens=(2048, 4096), comfyui=comfyui)
 torch.manual_seed(0)
 block = predict_step.WanBlock(dim=spec.width, ffn=spec.ffn, heads=spec.heads)
-attn = {"pack": predict_step.pack_attention, "subquad": _comfy_attention(comfyui, "comfy-subquad")}
+attn = {"pack": predict_step.pack_attention, "subquad": comfy_attention(comfyui, "comfy-subquad")}
 measured = predict_step.block_medians(block, int(sys.argv[2]), attn, torch.device("cpu"), rounds=4)
 predicted = {m: estimate.step_time(spec, int(sys.argv[2]), calib, m, batch=1, blocks=1)["total"] for m in attn}
 print(json.dumps({"measured": measured, "predicted": predicted, "attention": calib["attention"]}))

@@ -446,7 +446,7 @@ def test_attention_fit_takes_a_free_memory_below_one_gb_as_given(adapter):
     """free_gb 0.5 is half a gigabyte, not 'read the free memory now' (only 0 means that): the report is
     plan.estimate's for 0.5 GB."""
     from tiled_attention_pack.nodes.fit import AttentionFit
-    from tiled_attention_pack.attention_core import plan
+    from tiled_attention_pack.attention_core.cli import plan
     text = AttentionFit.execute(model="wan22-5b", width=832, height=480, frames=41, dtype="fp16",
                                 free_gb=0.5).result[0]
     est = plan.estimate("wan22-5b", 832, 480, 41, int(0.5 * plan.GB), 2, cpu=True, dtype="fp16")
@@ -484,7 +484,7 @@ def test_attention_fit_reads_its_dtype_from_a_prompts_json(adapter):
     from json.loads still counts 4 bytes an element ('==', not 'is'), the other dtypes 2."""
     import json
     from tiled_attention_pack.nodes.fit import AttentionFit
-    from tiled_attention_pack.attention_core import plan
+    from tiled_attention_pack.attention_core.cli import plan
     inputs = json.loads('{"model": "wan22-5b", "width": 832, "height": 480, "frames": 41, "dtype": "fp32", '
                         '"free_gb": 8.0}')
     assert inputs["dtype"] is not "fp32"  # noqa: F632 - the point: another object with the same text
@@ -542,7 +542,7 @@ def test_attention_fit_on_a_gpu_counts_the_gpus_buffers(adapter, monkeypatch):
     """On a GPU (the device name a runtime string, as torch gives it) Attention Fit plans with the GPU's rules
     (cpu=False: chunked keeps a second score buffer there), on the CPU with the CPU's."""
     from tiled_attention_pack.nodes import fit
-    from tiled_attention_pack.attention_core import plan
+    from tiled_attention_pack.attention_core.cli import plan
     args = dict(model="wan22-5b", width=832, height=480, frames=41, dtype="fp16", free_gb=2.0)
     monkeypatch.setattr(plan, "time_report", lambda est, device, blocks=None: "time")  # no GPU to name here
     for device, cpu in (("cuda:0", False), ("cpu", True)):

@@ -21,7 +21,7 @@ def test_schema_offers_the_four_models():
 
 
 def test_same_report_as_the_plan_module():
-    from attention_core import plan
+    from attention_core.cli import plan
     import comfy.model_management as mm
     out = fit_node().execute(model="wan22-5b", width=1280, height=720, frames=121, dtype="fp16", free_gb=32.0)
     text = out.result[0]

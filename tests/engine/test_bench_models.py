@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from attention_core import bench
-from attention_core.bench_models import PRESETS, wants
+from attention_core.cli import bench
+from attention_core.cli.bench_models import PRESETS, wants
 
 
 def _comfyuis():
@@ -110,8 +110,8 @@ def test_zimage_dit_step_routes_every_call_in_each_comfyui(which):
     comfyuis = _comfyuis()
     if len(comfyuis) <= which:
         pytest.skip("no test ComfyUI (COMFYUI_LATEST_PATH / COMFYUI_PATH): ./dev setup makes them")
-    from attention_core.bench_models import measure
+    from attention_core.cli.bench_models import measure
     case = dict(method="engine", side=64, text=32, width=256, depth=1, refiners=1, dtype="float32", device="cpu",
                 repeats=2, threads=0, comfyui=comfyuis[which])
-    r = measure.run_in_process("attention_core.bench_models.zimage", case, 600)
+    r = measure.run_in_process("attention_core.cli.bench_models.zimage", case, 600)
     assert r.get("routed") == r.get("expected") == 3 * 2, r

@@ -14,7 +14,7 @@ import types
 import pytest
 import torch
 
-from attention_core import bench, calibrate, cli_args, plan
+from attention_core.cli import bench, bench_methods, calibrate, cli_args, plan
 from attention_core.device import calibration, profiles
 
 
@@ -290,7 +290,7 @@ def test_a_version_1_file_reads_its_math_as_torchs_default_with_a_note(tmp_path,
     assert calibration.kind_note({**_calib(), "torch_default": "flash_attention"}, "torch") == (
         " (torch's default SDPA, backend flash_attention)")
     # the estimate reads the pack's and sub-quadratic's rates of the old file as before
-    from attention_core import estimate
+    from attention_core.cli import estimate
     spec = plan.MODELS["wan22-5b"]
     assert estimate.step_time(spec, 4096, got, "pack") == estimate.step_time(spec, 4096, old, "pack")
 
@@ -307,7 +307,7 @@ def test_measure_hands_comfyui_its_own_layout(tiny, monkeypatch):
         assert engine[-1][0].shape == (1, 8, q.shape[1], 8)
         got.append((tuple(q.shape), q.dtype, heads, all(torch.equal(a, b) for a, b in zip((q, k, v), want))))
     loaded = []
-    monkeypatch.setattr(bench, "_comfy_attention", lambda path, name: loaded.append((path, name)) or subquad)
+    monkeypatch.setattr(bench_methods, "comfy_attention", lambda path, name: loaded.append((path, name)) or subquad)
     data = calibrate.measure("cpu", "bf16", "tiny", tokens=(16, 24), comfyui="/comfy")
     assert loaded == [("/comfy", "comfy-subquad")]
     assert got == [((1, 16, 64), torch.bfloat16, 8, True), ((1, 24, 64), torch.bfloat16, 8, True)]
@@ -439,6 +439,9 @@ def test_runs_as_a_module_with_its_help(monkeypatch, capsys):
     import sys
     import warnings
     monkeypatch.setattr(sys, "argv", ["calibrate", "--help"])
+    # imported, attention_core.calibrate is attention_core.cli.calibrate itself (sys.modules), whose loader runpy
+    # will not run under the alias's name: run the alias file, as a fresh `python -m` does
+    monkeypatch.delitem(sys.modules, "attention_core.calibrate", raising=False)
     with warnings.catch_warnings(), pytest.raises(SystemExit) as e:
         warnings.simplefilter("ignore", RuntimeWarning)  # runpy: the module is already imported
         runpy.run_module("attention_core.calibrate", run_name="__main__")

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from attention_core import bench, plan, selfcheck, tune
+from attention_core.cli import bench, plan, selfcheck, tune
 from attention_core.device import profiles
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -183,7 +183,7 @@ def test_predict_step_bad_input(argv, flag, word, capsys, tmp_path):
 
 @pytest.mark.parametrize("name", ["cpu", "CPU", " cpu:0 "])
 def test_the_cpu_is_accepted_under_each_of_torchs_names(name):
-    from attention_core import cli_args
+    from attention_core.cli import cli_args
     assert cli_args.device(name) == "cpu"
     assert cli_args.default_device() == ("cuda" if torch.cuda.is_available() else "cpu")
     with pytest.raises(Exception, match="unknown device 'cpu:1'"):
@@ -258,7 +258,7 @@ def _msg(parse, value):
 
 
 def test_whole_number_ranges_accept_their_bounds_and_say_them():
-    from attention_core import cli_args
+    from attention_core.cli import cli_args
     r = cli_args.int_range(1, 1000)
     assert (r("1"), r(" 1000 "), r("010")) == (1, 1000, 10)
     assert _msg(r, "0") == "expected a whole number from 1 to 1,000, got '0'"
@@ -271,7 +271,7 @@ def test_whole_number_ranges_accept_their_bounds_and_say_them():
 
 
 def test_number_ranges_accept_their_bounds_and_refuse_non_finite_values():
-    from attention_core import cli_args
+    from attention_core.cli import cli_args
     f = cli_args.float_range(1e-6, 1e6, " GB")
     assert (f("0.000001"), f(" 1e6 "), f("2.5")) == (1e-6, 1e6, 2.5)
     for bad in ("0", "1000000.1", "nan", "inf", "-inf", "x"):
@@ -280,7 +280,7 @@ def test_number_ranges_accept_their_bounds_and_refuse_non_finite_values():
 
 
 def test_name_lists_are_cleaned_deduplicated_and_checked():
-    from attention_core import cli_args
+    from attention_core.cli import cli_args
     c = cli_args.choice_list(("chunked", "inplace", "online"), "tiers")
     assert c(" online, chunked,,online ") == "online,chunked"
     assert _msg(c, "auto,chunked,flash") == ("unknown 'auto', 'flash'; expected comma-separated tiers from: chunked, "
@@ -296,7 +296,7 @@ def test_name_lists_are_cleaned_deduplicated_and_checked():
 
 
 def test_file_checks_say_what_is_wrong(tmp_path):
-    from attention_core import cli_args
+    from attention_core.cli import cli_args
     f = tmp_path / "a.json"
     f.write_text("{}")
     assert cli_args.existing_file(str(f)) == str(f)
@@ -320,7 +320,7 @@ def test_file_checks_say_what_is_wrong(tmp_path):
 def test_a_file_where_a_folder_should_be_is_named(tmp_path):
     """Issue 22.7: --out file/x.md (file a regular file) said "folder does not exist"; now it says which path is a
     file, however deep under it the output lies; a folder that is missing is still "does not exist"."""
-    from attention_core import cli_args
+    from attention_core.cli import cli_args
     f = tmp_path / "file"
     f.write_text("x")
     want = f"{str(f)!r} is a file, not a folder; expected a file path in an existing folder"
@@ -336,7 +336,7 @@ def test_writability_is_tried_not_read_from_the_permission_bits(tmp_path, unwrit
     """Root passes every permission check (os.access) yet cannot write on a read-only mount: a file is created
     in the folder and removed again (nothing left behind), an existing file is opened for appending (nothing
     truncated). Where the tests do not run as root, the folder is read-only for real too."""
-    from attention_core import cli_args
+    from attention_core.cli import cli_args
     ok = tmp_path / "ok"
     ok.mkdir()
     assert cli_args.output_file(str(ok / "x.md")) == str(ok / "x.md") and os.listdir(ok) == []
@@ -356,7 +356,7 @@ def test_an_existing_file_is_tried_for_appending(tmp_path, monkeypatch):
     """The file itself must take writes (the folder being writable is not enough for report's open(..., "w")):
     tried by opening it to append, which changes nothing."""
     import errno
-    from attention_core import cli_args
+    from attention_core.cli import cli_args
     f = tmp_path / "report.md"
     f.write_text("old")
     seen = []
@@ -374,7 +374,7 @@ def test_an_existing_file_is_tried_for_appending(tmp_path, monkeypatch):
 
 def test_keep_elsewhere_writes_a_new_temporary_file(tmp_path, monkeypatch):
     import tempfile
-    from attention_core import cli_args
+    from attention_core.cli import cli_args
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     path = cli_args.keep_elsewhere("text", "/some/where/report.md")
     assert os.path.dirname(path) == str(tmp_path) and os.path.basename(path).startswith("report-")
@@ -385,7 +385,7 @@ def test_keep_elsewhere_writes_a_new_temporary_file(tmp_path, monkeypatch):
 
 def test_unreadable_and_unwritable_paths(tmp_path, monkeypatch):
     """(Permissions faked through os.access: the tests may run as root, who may read and write anything.)"""
-    from attention_core import cli_args
+    from attention_core.cli import cli_args
     f = tmp_path / "secret.json"
     f.write_text("{}")
     monkeypatch.setattr(cli_args.os, "access", lambda path, mode: False)
@@ -400,7 +400,7 @@ def test_unreadable_and_unwritable_paths(tmp_path, monkeypatch):
 def test_gpu_names_against_the_gpus_torch_sees(monkeypatch, count):
     """With GPUs: cuda and cuda:N within the count (any case, spaces trimmed); other names list what is accepted.
     "cuda:" (no index) was accepted and then failed as a traceback in torch.device."""
-    from attention_core import cli_args
+    from attention_core.cli import cli_args
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
     accepted = "cpu, cuda, cuda:0" if count == 1 else "cpu, cuda, cuda:0 to cuda:1"
@@ -413,7 +413,7 @@ def test_gpu_names_against_the_gpus_torch_sees(monkeypatch, count):
 
 
 def test_a_gpu_name_without_gpus_names_the_build(monkeypatch):
-    from attention_core import cli_args
+    from attention_core.cli import cli_args
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.version, "hip", None, raising=False)
     monkeypatch.setattr(torch.version, "cuda", None)
@@ -428,7 +428,7 @@ def test_a_gpu_name_without_gpus_names_the_build(monkeypatch):
 
 
 def test_the_parser_error_is_one_line_and_fail_names_the_flag(capsys):
-    from attention_core import cli_args
+    from attention_core.cli import cli_args
     ap = cli_args.Parser(prog="x")
     with pytest.raises(SystemExit) as e:
         ap.error("two\n   lines  here")

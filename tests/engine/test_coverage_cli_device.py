@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import attention_core.device.detection as detection
-from attention_core import calibrate, cli_args, plan, report, selfcheck
+from attention_core.cli import calibrate, cli_args, plan, report, selfcheck
 from attention_core.device import jsonfile, machine_load
 
 
@@ -311,6 +311,9 @@ def test_skipped_cases_are_only_the_cpus():
 def _run_as_main(module, argv, monkeypatch):
     """`python -m attention_core.<module> argv...`, in this process: the exit code."""
     monkeypatch.setattr(sys, "argv", [module] + argv)
+    # imported, attention_core.<module> is attention_core.cli.<module> itself (the alias puts it in sys.modules),
+    # whose loader runpy will not run under the alias's name: run the alias file, as a fresh `python -m` does
+    monkeypatch.delitem(sys.modules, f"attention_core.{module}", raising=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # runpy: the module is imported already (by this test)
         with pytest.raises(SystemExit) as e:
@@ -329,7 +332,7 @@ def test_python_m_report_writes_the_report_and_exits_0(monkeypatch, capsys, tmp_
     """`python -m attention_core.report --out FILE`: the file is written (here with every section failing fast on a
     broken detection, self-check and benchmark, as a broken build's would), exit 0 from main() through the entry
     line."""
-    from attention_core import selfcheck as selfcheck_mod
+    from attention_core.cli import selfcheck as selfcheck_mod
 
     def broken(*a, **k):
         raise RuntimeError("broken build")

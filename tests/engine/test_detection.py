@@ -83,7 +83,7 @@ def test_cpu_probe_is_ground_truth():
 
 
 def test_selfcheck_passes_on_this_device(capsys):
-    from attention_core import selfcheck
+    from attention_core.cli import selfcheck
     assert selfcheck.main(["--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "needs tiled attention" in out and "all cases within tolerance" in out and "BAD" not in out

@@ -33,7 +33,7 @@ def test_the_cpu_waits_for_nothing(waits):
 def test_tune_waits_on_the_device_it_times(waits, monkeypatch):
     """tune's timing loop goes through the same wait: on an XPU it must wait on the XPU (before: only CUDA waited,
     so an XPU or MPS tile would have been chosen from launch times). Device work is stood in by the CPU."""
-    from attention_core import tune
+    from attention_core.cli import tune
     seen = []
     monkeypatch.setattr(tune, "synchronize", lambda d: seen.append(str(torch.device(d))))
     tune.layout_check(heads=2, n=256, dim=16, dtype="float32", device="cpu", rows=64, rounds=1, log=lambda *a: None)

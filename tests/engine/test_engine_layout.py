@@ -1,5 +1,5 @@
 """The engine's house rules: imports flow one way (no cycles, function-local imports included), the folders are
-layers (device <- kernel <- the public entry points and the commands), one source for tier names, one meaning per
+layers (device <- kernel <- the public entry points <- cli/, the commands), one source for tier names, one meaning per
 precision word, a docstring stating each module's job."""
 import ast
 import pathlib
@@ -8,7 +8,7 @@ import re
 import torch
 
 import attention_core
-from attention_core import selfcheck
+from attention_core.cli import selfcheck
 from attention_core.kernel.numerics import PRECISIONS, choose_numerics
 
 PKG = pathlib.Path(attention_core.__file__).parent
@@ -51,34 +51,70 @@ def _top_level_imports(path):
     return out
 
 
-# what `ls attention_core` shows: the public entry points and the documented commands at the top (where users call
-# them: attention_core.scaled_dot_product_attention, attention_core.patch, python -m attention_core.plan ...), the
-# kernel and the device knowledge each in its own subpackage
+# what `ls attention_core` shows: the public entry points at the top (where users call them:
+# attention_core.scaled_dot_product_attention, attention_core.patch, ...), the kernel and the device knowledge each in
+# its own subpackage, the commands in cli/ with a one-line alias each at the top (python -m attention_core.plan ...)
 PUBLIC = {"attention_core", "attention_core.sdpa", "attention_core.patch", "attention_core.ffn",
           "attention_core.parallel", "attention_core.multidevice",
           "attention_core.ops",  # a documented path kept: re-exports kernel/ops.py (tests/engine/test_public_paths.py)
           "attention_core.version",  # the pack's version, pyproject.toml's (attention_core.__version__, --version)
           "attention_core.integrations"}  # the engine inside other libraries (integrations/diffusers.py, ...)
-COMMANDS = {f"attention_core.{c}" for c in ("bench", "calibrate", "plan", "report", "selfcheck", "tune",
-                                            "cli_args", "estimate")}  # the last two: what the commands share
-LAYERS = ("attention_core.device", "attention_core.kernel")  # bottom first: each imports only itself and below
+COMMANDS = ("bench", "calibrate", "plan", "report", "selfcheck", "tune")  # python -m attention_core.<command>
+# the top-level names kept for users, each the cli/ module itself once imported: the commands, and estimate (a
+# documented module path: attention_core.estimate.step_time)
+ALIASES = {f"attention_core.{c}" for c in COMMANDS + ("estimate",)}
+CLI = "attention_core.cli"  # the commands and what they share (cli_args, estimate, the benchmark's parts)
+# bottom first: each imports only itself and below; the top-level public entry points sit between kernel and cli
+LAYERS = ("attention_core.device", "attention_core.kernel", None, CLI)
 COMFYUI = {"comfy", "comfy_extras", "comfy_api", "folder_paths", "nodes", "server", "execution", "tools"}
+# the commands that time ComfyUI's own attention beside the engine's (--comfyui PATH), importing it in a function
+WITH_COMFYUI = {"attention_core.cli.bench_methods", "attention_core.cli.bench_models.zimage"}
 
 
 def _layer(name):
-    return next((i for i, pkg in enumerate(LAYERS) if name == pkg or name.startswith(pkg + ".")), len(LAYERS))
+    if name in ALIASES:  # python -m attention_core.<command>: the command's own name, so the command's layer
+        return LAYERS.index(CLI)
+    return next((i for i, pkg in enumerate(LAYERS) if pkg and (name == pkg or name.startswith(pkg + "."))),
+                LAYERS.index(None))
 
 
-def test_the_top_level_holds_only_the_public_entry_points_and_the_commands():
-    top = {m for m, path in _modules() if m.count(".") <= 1 and _layer(m) == len(LAYERS)}
-    assert top == PUBLIC | COMMANDS, (
-        f"new top-level module(s) {sorted(top - PUBLIC - COMMANDS)}: the kernel's internals go in "
-        f"attention_core/kernel/, what the pack knows about devices in attention_core/device/; only public entry "
-        f"points and documented commands live at the top (then add it to PUBLIC or COMMANDS here)")
+def _describe(layer):
+    return LAYERS[layer] or "the top level"
+
+
+def test_the_top_level_holds_only_the_public_entry_points_and_the_command_aliases():
+    top = {m for m, path in _modules() if m.count(".") <= 1 and not m.startswith(LAYERS[:2]) and m != CLI}
+    assert top == PUBLIC | ALIASES, (
+        f"new top-level module(s) {sorted(top - PUBLIC - ALIASES)}: the kernel's internals go in "
+        f"attention_core/kernel/, what the pack knows about devices in attention_core/device/, commands and what "
+        f"they share in attention_core/cli/; only public entry points (PUBLIC here) and the commands' one-line "
+        f"aliases live at the top")
     subpackages = {p.name for p in PKG.iterdir() if (p / "__init__.py").exists()}
     # ffn/ and parallel/ are public entry points (FFN chunking; Ulysses and ring) split by duty, not layers: they sit
     # at the top with sdpa and patch; integrations/ holds one public entry point per library (diffusers, transformers)
-    assert subpackages == {"kernel", "device", "ffn", "parallel", "integrations"}, subpackages
+    assert subpackages == {"kernel", "device", "ffn", "parallel", "integrations", "cli"}, subpackages
+
+
+def test_the_commands_live_in_cli_and_their_top_level_names_are_aliases():
+    """Each command is attention_core/cli/<command>.py with its `__main__` block; attention_core/<command>.py only
+    runs it (python -m attention_core.<command>) and, imported, is that module (sys.modules), so
+    `from attention_core.plan import X` and monkeypatching reach the one module."""
+    import importlib
+    for name in sorted(ALIASES):
+        short = name.rsplit(".", 1)[1]
+        path = PKG / f"{short}.py"
+        tree = ast.parse(path.read_text())
+        imports = {ast.unparse(n) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))}
+        allowed = {"import sys", f"from .cli import {short} as _command", f"from .cli.{short} import main",
+                   f"from .cli import {short} as _module"}
+        assert imports <= allowed, f"{path.name} imports {sorted(imports - allowed)}: an alias runs cli/{short}.py only"
+        assert len(path.read_text().splitlines()) <= 15, f"{path.name}: an alias is a few lines; code goes in cli/"
+        real = importlib.import_module(f"{CLI}.{short}")
+        assert importlib.import_module(name) is real, f"{name} is not {CLI}.{short} once imported"
+        assert (PKG / "cli" / f"{short}.py").is_file()
+        if short in COMMANDS:
+            for tree_ in (tree, ast.parse((PKG / "cli" / f"{short}.py").read_text())):
+                assert any(isinstance(n, ast.If) and "__main__" in ast.unparse(n.test) for n in tree_.body), short
 
 
 def test_the_wheel_lists_every_subpackage():
@@ -91,21 +127,41 @@ def test_the_wheel_lists_every_subpackage():
 
 
 def test_each_layer_imports_only_itself_and_the_layers_below():
-    """device <- kernel <- the top (public entry points, commands): the kernel never imports the commands, the
-    entry points above it or anything of ComfyUI; device knowledge never imports the kernel."""
+    """device <- kernel <- the top (public entry points) <- cli (the commands): the kernel never imports the
+    entry points above it or anything of ComfyUI; device knowledge never imports the kernel; no public entry point
+    imports a command (only the commands' aliases name cli/)."""
     for name, path in _modules():
         for imp in _imports(name, path):
             assert _layer(imp) <= _layer(name), (
-                f"{name} ({_layer(name) < len(LAYERS) and LAYERS[_layer(name)] or 'top level'}) imports {imp}, "
-                f"a layer above it: move the shared piece down or the importer up")
+                f"{name} ({_describe(_layer(name))}) imports {imp} ({_describe(_layer(imp))}), a layer above it: "
+                f"move the shared piece down or the importer up")
+
+
+def _module_level_imports(path):
+    """The first name of every absolute import outside functions (run when the module is imported)."""
+    out = set()
+
+    def visit(node):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            if isinstance(child, ast.ImportFrom) and not child.level and child.module:
+                out.add(child.module.split(".")[0])
+            elif isinstance(child, ast.Import):
+                out.update(a.name.split(".")[0] for a in child.names)
+            visit(child)
+    visit(ast.parse(path.read_text()))
+    return out
 
 
 def test_attention_core_never_imports_comfyui_the_nodes_or_the_tools():
-    """The engine is importable alone (pip installs it alone). One exception, a command: `python -m
-    attention_core.bench --comfyui PATH` times ComfyUI's own attention beside the engine's, imported in a function."""
+    """The engine is importable alone (pip installs it alone). One exception, in commands: `python -m
+    attention_core.bench --comfyui PATH` (its methods, its Z-Image preset) times ComfyUI's own attention beside the
+    engine's, imported in a function, never when the module is imported."""
     for name, path in _modules():
-        bad = _top_level_imports(path) & COMFYUI - ({"comfy"} if name == "attention_core.bench" else set())
+        bad = _top_level_imports(path) & COMFYUI - ({"comfy"} if name in WITH_COMFYUI else set())
         assert not bad, f"{name} imports {sorted(bad)}: attention_core is the engine alone (pip installs it alone)"
+        assert not _module_level_imports(path) & COMFYUI, f"{name} imports ComfyUI when imported"
 
 
 def test_engine_imports_have_no_cycles():

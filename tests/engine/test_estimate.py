@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from attention_core.device import calibration as calibrate
-from attention_core import estimate, plan
+from attention_core.cli import estimate, plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

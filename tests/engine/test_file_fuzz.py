@@ -31,7 +31,7 @@ import pytest
 import torch
 
 from attention_core.device import calibration, jsonfile, profiles
-from attention_core import estimate, plan
+from attention_core.cli import estimate, plan
 from attention_core import scaled_dot_product_attention as sdpa
 from reference import math_sdpa
 

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from attention_core import bench, calibrate, tune
+from attention_core.cli import bench, bench_run, calibrate, tune
 from attention_core.device import calibration, machine_load, profiles
 
 CORES = os.cpu_count() or 1
@@ -278,7 +278,7 @@ def test_bench_refuses_json_measured_busy(tmp_path, monkeypatch, capsys):
     def fake_case(case, timeout):
         return {k: case[k] for k in ("method", "n", "mode", "heads", "dim", "batch", "dtype", "device")} | {
             "repeats": 1, "ms": 12.0, "peak_mb": 3.0}
-    monkeypatch.setattr(bench, "_run_in_subprocess", fake_case)
+    monkeypatch.setattr(bench_run, "_run_in_subprocess", fake_case)
     argv = ["--n", "64", "--heads", "2", "--dim", "8", "--mode", "fwd", "--methods", "chunked", "--no-ref",
             "--device", "cpu", "--json", str(tmp_path / "b.json")]
     busy(monkeypatch)

@@ -14,7 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attention_core import TIER_CHOICES, chunk_ffn, plan
+from attention_core import TIER_CHOICES, chunk_ffn
+from attention_core.cli import plan
 from attention_core.kernel import ops
 from attention_core.device import profiles
 from attention_core import scaled_dot_product_attention as sdpa
@@ -272,7 +273,7 @@ def _check_tiny_profile(path, dtype="float32"):
 
 def test_tune_main_tunes_the_presets_capped_to_max_n_and_saves_the_profile(tmp_path, capsys):
     """Defaults: the accelerator if any (else the CPU), float16 there, float32 on the CPU."""
-    from attention_core import tune
+    from attention_core.cli import tune
     device = "cuda" if torch.cuda.is_available() else "cpu"
     out = tmp_path / "p.json"
     assert tune.main(TINY_SHAPE + ["--out", str(out)]) == 0
@@ -392,7 +393,7 @@ def test_tune_keeps_the_smallest_tile_by_its_scores_across_head_counts():
     """tune.choose: among tiles within the tolerance of the fastest, the fewest scores (rows x keys x heads): 64
     rows x 1,024 keys x 4 heads (262,144) before 512 x 1,024 x 1 (524,288), equally fast; a slower one outside the
     tolerance loses whatever its size."""
-    from attention_core import tune
+    from attention_core.cli import tune
     small, tall = (64, 1024, 4), (512, 1024, 1)
     assert tune.choose([(tall, 1.0), (small, 1.0)]) == (small, 1.0)
     assert tune.choose([(tall, 1.0), (small, 2.0)]) == (tall, 1.0)
@@ -434,7 +435,7 @@ def test_tunes_layout_loop_covers_every_head(keys_major):
     heads and uneven query tiles it equals torch's SDPA (with q pre-scaled, as the engine hands it), in scratch
     buffers sized for every head (an undersized one is resized by torch with a warning: another allocation per tile,
     which would skew the timing)."""
-    from attention_core import tune
+    from attention_core.cli import tune
     g = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(1, 3, n, 8, generator=g, dtype=torch.float64) for n in (10, 12, 12))
     import warnings
@@ -492,7 +493,7 @@ def test_cuda_free_memory_adds_the_cached_but_unused_blocks(monkeypatch):
 def test_report_device_section_for_a_device_that_is_not_cuda_has_no_gpu_rows():
     """`report --device xpu` (an Intel GPU) or any type other than cuda must not be asked CUDA's device properties:
     its section is the generic one (the host's memory), written without an error cell."""
-    from attention_core import report
+    from attention_core.cli import report
     ctx = {}
     text = report.section_device("xpu", ctx)
     assert "compute units" not in text and "Error" not in text and "| memory total |" in text, text
@@ -504,7 +505,7 @@ def test_rates_interpolate_log_log_between_points_further_apart_than_a_square():
     """A calibration may hold token counts far apart (a hand-edited file, GEMM rows of 8 and 4,096): between 10 and
     1,000 tokens, 200 is t = log(20) / log(100) of the way in log space, rate 1 * 100^t = 20 GFLOP/s (log-log), for
     any distance between the points."""
-    from attention_core import estimate
+    from attention_core.cli import estimate
     rows = [{"tokens": 10, "gflops": 1.0}, {"tokens": 1000, "gflops": 100.0}]
     assert estimate._interp(rows, 200) == pytest.approx(20.0, rel=1e-12)
     assert estimate._interp(rows, 100) == pytest.approx(10.0, rel=1e-12)
@@ -571,7 +572,7 @@ def test_every_gpu_self_check_case_is_a_valid_attention_problem():
     """The self-check's GPU cases (half precision, the fp16 overflow case) cannot run here, but each must be a
     problem torch's SDPA accepts: run every case built for a GPU through the engine and math SDPA in fp32 on the
     CPU and compare with float64 math, within a few times torch's own fp32 error."""
-    from attention_core import selfcheck
+    from attention_core.cli import selfcheck
     names = []
     for name, _, q, k, v, kw in selfcheck.cases(torch.device("cuda")):
         names.append(name)
@@ -585,7 +586,7 @@ def test_every_gpu_self_check_case_is_a_valid_attention_problem():
 def test_the_report_prints_its_progress_flushed(monkeypatch, tmp_path):
     """python -m attention_core.report prints each progress line flushed (a piped log shows it as it happens),
     seed 24328's survivor: the log callback it gives build() calls print(..., flush=True)."""
-    from attention_core import report
+    from attention_core.cli import report
     printed = []
     monkeypatch.setattr(report, "print", lambda *a, **kw: printed.append(kw.get("flush")), raising=False)
     monkeypatch.setattr(report, "build", lambda device, quick, comfyui, log: (log("step"), "text")[1])

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from attention_core import plan
+from attention_core.cli import plan
 
 GB = 1 << 30
 
@@ -206,7 +206,7 @@ def test_every_sampling_stage_of_the_smallest_size_has_tokens(model):
     """Issue 22.9: plan --model ltx23-22b --width 32 --height 32 --frames 1 was accepted and costed its
     half-size stage at 0 tokens. The smallest size has a token in every stage of the run (as the time estimate
     scales it), and one pixel less in width or height leaves some stage with none."""
-    from attention_core import estimate
+    from attention_core.cli import estimate
     spec = plan.MODELS[model]
     w, h, f = plan.min_size(spec)
 
@@ -429,7 +429,7 @@ def test_time_report_reads_the_calibration_of_the_tiles_dtype(profdir, monkeypat
     """Without --calibration the time section reads this device's calibration for the tiles' compute dtype:
     --cpu (or a CPU-only machine) the CPU's fp32 one for fp16 inputs under auto; a GPU's fp16 one."""
     from attention_core.device import calibration
-    from attention_core import cli_args
+    from attention_core.cli import cli_args
     est = plan.estimate("wan22-5b", 832, 480, 41, free=8 * GB)
     cpu_path = calibration.calibration_path("cpu", "fp32")
     assert f"no calibration of this device at {cpu_path}" in plan.time_report(est, cpu=True)
@@ -498,7 +498,7 @@ def test_cli_blocks_times_a_step_of_that_many_blocks_and_each_block(tmp_path, ca
     832x480, 21 frames: 2,340 tokens, CFG); every method's line gives the time per step and per block. Without
     --blocks every layer runs, and the time per block is the same."""
     from attention_core.device import calibration
-    from attention_core import estimate
+    from attention_core.cli import estimate
     path = str(tmp_path / "cal.json")
     calib = {"version": 1, "device": "Test CPU", "dtype": "fp32", "date": "2026-12-01 12:00 UTC",
              "attention": {"pack": [{"tokens": 1024, "gflops": 40.0}, {"tokens": 4096, "gflops": 30.0}],

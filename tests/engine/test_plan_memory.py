@@ -16,7 +16,7 @@ depends on the card (bf16 hardware), so the GPU kind takes the explicit precisio
 import pytest
 import torch
 
-from attention_core import plan
+from attention_core.cli import plan
 from attention_core.kernel import memory, ops
 from attention_shapes import gpu_rules, inputs
 from live_bytes import peak_bytes

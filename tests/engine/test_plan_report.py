@@ -7,7 +7,7 @@ lines, a run where nothing fits, the fp32 and contiguous-heads wording, and the 
 import pytest
 
 from attention_core.kernel import memory
-from attention_core import plan
+from attention_core.cli import plan
 
 GB, MB = plan.GB, plan.MB
 NO_CAL = "/nonexistent/calibration.json"  # the time section then only says there is no calibration

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from attention_core import cli_args, report, selfcheck
+from attention_core.cli import cli_args, report, selfcheck
 from attention_core.device import profiles
 from attention_core.device.detection import detect
 
@@ -182,7 +182,7 @@ def test_a_report_that_cannot_be_written_at_the_end_is_kept(tmp_path, monkeypatc
 def test_comfyui_is_the_one_the_pack_is_installed_in(tmp_path, monkeypatch):
     """With no configured ComfyUI (bench's default finds none), a pack in <ComfyUI>/custom_nodes/<pack> compares
     against that ComfyUI; elsewhere there is none."""
-    from attention_core import bench
+    from attention_core.cli import bench
     comfy = tmp_path / "ComfyUI"
     (comfy / "comfy").mkdir(parents=True)
     (comfy / "comfy" / "model_management.py").write_text("")
@@ -454,7 +454,7 @@ def test_main_on_a_gpu_defaults_to_the_full_benchmark_and_a_file_named_for_it(mo
 
 
 def test_find_comfyui_prefers_the_configured_one(monkeypatch, tmp_path):
-    from attention_core import bench
+    from attention_core.cli import bench
     monkeypatch.setattr(bench, "default_comfyui", lambda: "/configured")
     assert report.find_comfyui() == "/configured"
     # a pack in <folder>/custom_nodes/<pack> whose folder is not a ComfyUI: none

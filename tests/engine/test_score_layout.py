@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from attention_core.device import profiles
-from attention_core import tune
+from attention_core.cli import tune
 from attention_core import scaled_dot_product_attention as sdpa
 from attention_core.kernel.tiers import TIERS, chunked
 from reference import math_sdpa, reference, reference_grads

@@ -18,7 +18,7 @@ import logging
 import pytest
 import torch
 
-from attention_core import plan
+from attention_core.cli import plan
 from attention_core.kernel import memory, ops
 from live_bytes import peak_bytes
 from attention_shapes import gpu_rules, inputs

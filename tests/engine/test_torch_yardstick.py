@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import attention_core as ac
-from attention_core import bench, selfcheck
+from attention_core.cli import bench_methods, selfcheck
 from attention_core.device import torch_sdpa
 
 PKG = pathlib.Path(ac.__file__).parent
@@ -58,7 +58,7 @@ def test_bench_baselines_are_torchs_under_the_patch(broken_engine):
     with ac.patched(force=True):
         assert not torch.allclose(F.scaled_dot_product_attention(q, q, q), want)  # the patch routes to the engine
         for method in ("math", "torch"):
-            assert torch.allclose(bench._method_fn(method, {}, torch)(q, q, q), want, atol=1e-6), method
+            assert torch.allclose(bench_methods.method_fn(method, {}, torch)(q, q, q), want, atol=1e-6), method
 
 
 def _calls_functional_sdpa(path):

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from attention_core import cli_args, tune
+from attention_core.cli import cli_args, tune
 from attention_core.device import profiles
 from reference import math_sdpa
 

@@ -142,7 +142,7 @@ def parse_args(argv=None):
     ap.add_argument("--json", default=None, help="results JSON path (default: <out-dir>/demo.json)")
     ap.add_argument("--report-only", action="store_true", help="re-print the table and chart of <workdir>/runs.json")
     a = ap.parse_args(argv)
-    from attention_core.cli_args import caller_path  # here: --help must not import torch (attention_core does)
+    from attention_core.cli.cli_args import caller_path  # here: --help must not import torch (attention_core does)
     for name in ("out_dir", "chart", "json", "workdir", "models"):  # as the caller meant them, not from the clone
         if getattr(a, name):
             setattr(a, name, caller_path(getattr(a, name)))
@@ -404,7 +404,7 @@ def main(argv=None):
     if a.models and not all(os.path.exists(os.path.join(a.models, d, f)) for d, f in FILES.items()):
         raise SystemExit(f"[demo] {a.models} lacks some of: " + ", ".join(f"{d}/{f}" for d, f in FILES.items()))
     width, height, frames = a.frame_size
-    from attention_core.plan import MODELS, tokens
+    from attention_core.cli.plan import MODELS, tokens
     n_tokens = tokens(MODELS["wan22-5b"], width, height, frames)
     gpu = has_gpu()
     mode = a.mode or ("auto" if gpu else "chunked")

@@ -26,7 +26,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from attention_core import calibrate, cli_args, estimate, plan
+from attention_core.cli import calibrate, cli_args, estimate, plan
 from attention_core.device import calibration, machine_load
 from attention_core.device.sync import synchronize
 
@@ -99,7 +99,7 @@ def block_medians(block, tokens, attentions: dict, device, rounds=3, batch=1, te
     warm-up each, in `rounds` interleaved rounds (pack, subquad, pack, ...): every method sees the same machine
     load, as in attention_core.calibrate.interleaved. With a machine_load.Monitor each call runs in its span
     (method, "block")."""
-    from attention_core.calibrate import interleaved
+    from attention_core.cli.calibrate import interleaved
     x, ctx, e = block_inputs(batch, tokens, text, block.norm1.normalized_shape[0], device)
     sync = functools.partial(synchronize, device)
 
@@ -133,7 +133,8 @@ def main(argv=None) -> int:
                          "runnable threads above a quarter of the cores on average); the table says so")
     a = ap.parse_args(argv)
     methods = a.methods.split(",")
-    from attention_core.bench import _comfy_attention, default_comfyui
+    from attention_core.cli.bench import default_comfyui
+    from attention_core.cli.bench_methods import comfy_attention
     comfyui = default_comfyui()
     if "subquad" in methods and not comfyui:
         cli_args.fail(ap, "--methods", "subquad needs ComfyUI: set COMFYUI_PATH (or run ./dev setup)")
@@ -156,7 +157,7 @@ def main(argv=None) -> int:
         blocks = [WanBlock().to(device) for _ in range(a.blocks)]
         attn = {"pack": pack_attention}
         if "subquad" in methods:
-            attn["subquad"] = _comfy_attention(comfyui, "comfy-subquad")
+            attn["subquad"] = comfy_attention(comfyui, "comfy-subquad")
         spec = plan.MODELS["wan22-5b"]
         rows = []
         measured = {m: measure(blocks, a.tokens, attn[m], device, batch=a.batch, monitor=monitor, name=m)

@@ -46,8 +46,8 @@ def configs(which):
     if which == "wan":
         cfgs = {}
         if not os.environ.get("NOSQ"):
-            from attention_core.bench import _comfy_attention
-            sq = _comfy_attention(os.environ["COMFYUI_PATH"], "comfy-subquad")
+            from attention_core.cli.bench_methods import comfy_attention
+            sq = comfy_attention(os.environ["COMFYUI_PATH"], "comfy-subquad")
             cfgs["subquad"] = lambda q, k, v: sq(q, k, v, 24, skip_reshape=True, skip_output_reshape=True)
         for e in (21, 22, 23, 24):
             cfgs[f"q{e}"] = ours(e, "queries")

@@ -109,7 +109,7 @@ BY_FILE = [
     ("attention_core/ffn/", [E + "test_ffn_chunking.py", E + "test_ffn_compile.py", E + "test_coverage_ffn_patch.py",
                              KILLS, FRESH_KILLS]),
     ("attention_core/parallel/", [E + "test_parallel.py", E + "test_parallel_kv_copies.py", E + "test_autocast.py"]),
-    ("attention_core/selfcheck.py", [E + "test_detection.py", E + "test_coverage_cli_device.py",
+    ("attention_core/cli/selfcheck.py", [E + "test_detection.py", E + "test_coverage_cli_device.py",
                                      E + "test_torch_yardstick.py", KILLS]),
     ("nodes/__init__.py", [NODES, ROUTING, EVERYWHERE, ADAPTER_KILLS, SCHEMAS]),  # the extension: nodes, backend, env
     ("nodes/api.py", [NODES, SCHEMAS]),
@@ -119,6 +119,7 @@ BY_FILE = [
     ("nodes/comfy_adapter.py", [NODES, ROUTING, CLONES, EVERYWHERE, NOTICE, AUTOCAST, COMPILE, ADAPTER_KILLS,
                                 C + "test_everywhere_counts.py"]),
     ("nodes/comfy_global_route.py", [EVERYWHERE, AUTOCAST, NODES, ADAPTER_KILLS] + EVERYWHERE_MORE),  # ComfyUI's global attention in the process-wide mode
+    ("nodes/comfy_preferred_route.py", [C + "test_preferred_attention.py", EVERYWHERE, NODES]),  # a layer's own function
     ("nodes/connector_route.py", [ROUTING, CLONES, NODES, ADAPTER_KILLS]),  # LTX-2.3's text connectors
     ("nodes/everywhere.py", [EVERYWHERE, NODES, ADAPTER_KILLS] + EVERYWHERE_MORE),  # the process-wide mode: environment variable, state
     ("nodes/everywhere_node.py", [EVERYWHERE, NODES, SCHEMAS, C + "test_everywhere_state.py"]),  # Tiled Attention Everywhere
@@ -152,8 +153,8 @@ SLOW_TESTS += [
 ]
 MODULES = {
     "engine": {
-        # bench.py is the benchmark CLI (timings and a table), not engine behaviour: not mutated
-        "files": ["attention_core/**/*.py"],  # but not bench.py (see module_files)
+        # the benchmark CLI (timings and a table) is not engine behaviour, nor are the commands' aliases: not mutated
+        "files": ["attention_core/**/*.py"],  # but not those (see module_files)
         "tests": ["tests/engine"],
     },
     "nodes": {  # every file of the ComfyUI node pack (until issue 22 only nodes/comfy_adapter.py, as "adapter")
@@ -274,7 +275,7 @@ EQUIVALENT += [
      'where = "where this device needs it" if s["mode"] <= "auto" else f"on every device, tier {s[\'mode\']}"',
      'this branch runs with the mode on: s["mode"] is one of "auto", "chunked", "online", "inplace" (set_mode '
      'checks), none of which sorts before "auto", so `<= "auto"` holds for "auto" alone, like `==`'),
-    ("attention_core/plan.py::score_bytes",
+    ("attention_core/cli/plan.py::score_bytes",
      'return {"chunked": (1 if cpu else 2) * isz, "inplace": isz, "online": isz + 2 * 4}[tier]',
      'return {"chunked": (1 if cpu else 2) * isz, "inplace": isz, "online": isz ^ 2 * 4}[tier]',
      "isz is 2 or 4 (the line above), whose bits do not overlap 8's: isz ^ 8 == isz + 8"),
@@ -283,7 +284,7 @@ EQUIVALENT += [
      "head counts that differ are never the same object, so the mutant is True whenever the original is; it is "
      "also True for equal counts above 256 (ints CPython does not cache), and enable_gqa with as many kv heads as "
      "query heads is the plain problem (group size 1: normalize gives G = 1, the same tiles and sums)"),
-    ("attention_core/plan.py::<module>", '"wan22-5b-4096": (None, 0, 0, 0, [4096], 24, 128),',
+    ("attention_core/cli/plan.py::<module>", '"wan22-5b-4096": (None, 0, 0, 0, [4096], 24, 128),',
      '"wan22-5b-4096": (None, 0, 1, 0, [4096], 24, 128),',
      "a preset without a model gives its token counts directly (the list); preset_shapes never reads its width, "
      "height or frames"),
@@ -328,19 +329,19 @@ EQUIVALENT += [
      "the backward's seed is the one the forward saved: a vmapped seed is refused by the forward rule "
      "(test_dropout_under_vmap_with_different_randomness_names_the_seed), so no public call reaches the backward "
      "rule with one; only a direct vmap of the tiled_attention::bwd op would"),
-    ("attention_core/estimate.py::layer_flops", '"ffn": 2 * 2.0 * n * c * f,',
+    ("attention_core/cli/estimate.py::layer_flops", '"ffn": 2 * 2.0 * n * c * f,',
      '"ffn": 2 ** 2.0 * n * c * f,',
      "2 * 2.0 and 2 ** 2.0 are both 4.0 (two matmul FLOPs a multiply-add, times 2 projections or GEMMs)"),
-    ("attention_core/estimate.py::layer_flops", '"self_attn": 2 * 2.0 * n * n * c,',
+    ("attention_core/cli/estimate.py::layer_flops", '"self_attn": 2 * 2.0 * n * n * c,',
      '"self_attn": 2 ** 2.0 * n * n * c,',
      "2 * 2.0 and 2 ** 2.0 are both 4.0 (two matmul FLOPs a multiply-add, times 2 projections or GEMMs)"),
-    ("attention_core/estimate.py::layer_flops", '"cross_attn": 2 * 2.0 * n * text * c,',
+    ("attention_core/cli/estimate.py::layer_flops", '"cross_attn": 2 * 2.0 * n * text * c,',
      '"cross_attn": 2 ** 2.0 * n * text * c,',
      "2 * 2.0 and 2 ** 2.0 are both 4.0 (two matmul FLOPs a multiply-add, times 2 projections or GEMMs)"),
-    ("attention_core/estimate.py::layer_flops", '"cross_proj": 2 * 2.0 * n * c * c + 2 * 2.0 * text * c * c,',
+    ("attention_core/cli/estimate.py::layer_flops", '"cross_proj": 2 * 2.0 * n * c * c + 2 * 2.0 * text * c * c,',
      '"cross_proj": 2 ** 2.0 * n * c * c + 2 * 2.0 * text * c * c,',
      "2 * 2.0 and 2 ** 2.0 are both 4.0 (two matmul FLOPs a multiply-add, times 2 projections or GEMMs)"),
-    ("attention_core/estimate.py::layer_flops", '"cross_proj": 2 * 2.0 * n * c * c + 2 * 2.0 * text * c * c,',
+    ("attention_core/cli/estimate.py::layer_flops", '"cross_proj": 2 * 2.0 * n * c * c + 2 * 2.0 * text * c * c,',
      '"cross_proj": 2 * 2.0 * n * c * c + 2 ** 2.0 * text * c * c,',
      "2 * 2.0 and 2 ** 2.0 are both 4.0 (two matmul FLOPs a multiply-add, times 2 projections or GEMMs)"),
     ("attention_core/parallel/blocks.py::block_forward",
@@ -371,55 +372,57 @@ EQUIVALENT += [
       f"if Hkv {op} P:  # fewest kv-head copies so that kv heads split with their query heads",
       "the test only skips a no-op: with P | Hkv, rep = P // gcd(Hkv, P) = 1 and _repeat_kv returns k itself; the "
       "mutated test is true whenever Hkv % P is (Hkv >= 1, P >= 2)") for op in ("+", "-", "*", "/", "**", "<<", "|", "^")
-] + [("attention_core/estimate.py::_interp", "if n <= pts[0][0]:", "if n < pts[0][0]:",
+] + [("attention_core/cli/estimate.py::_interp", "if n <= pts[0][0]:", "if n < pts[0][0]:",
        "at n equal to the first count the loop's first pair gives t = 0.0 and r0 ** 1.0 * r1 ** 0.0 == r0 exactly; "
        "a single point falls through to the `>=` branch with the same rate"),
-      ("attention_core/estimate.py::_interp", "if n >= pts[-1][0]:", "if n > pts[-1][0]:",
+      ("attention_core/cli/estimate.py::_interp", "if n >= pts[-1][0]:", "if n > pts[-1][0]:",
        "at n equal to the last count the last pair gives t == 1.0 and r0 ** 0.0 * r1 ** 1.0 == r1 exactly"),
-      ("attention_core/calibrate.py::measure",
+      ("attention_core/cli/calibrate.py::measure",
        "g = torch.Generator().manual_seed(0)", "g = torch.Generator().manual_seed( 1)",
        "the seeded inputs are noise timed for speed only: no stored value depends on them"),
-      ("attention_core/calibrate.py::measure",
+      ("attention_core/cli/calibrate.py::measure",
        "g = torch.Generator().manual_seed(0)", "g = torch.Generator().manual_seed( -1)",
        "the seeded inputs are noise timed for speed only: no stored value depends on them"),
-] + [("attention_core/estimate.py::report", "f\"{st.cfg_batch * batch}{' (CFG)' if st.cfg_batch == 2 else ''}\")",
+] + [("attention_core/cli/estimate.py::report", "f\"{st.cfg_batch * batch}{' (CFG)' if st.cfg_batch == 2 else ''}\")",
       f"f\"{{st.cfg_batch * batch}}{{' (CFG)' if st.cfg_batch {op} else ''}}\")",
       "Stage.cfg_batch is 1 or 2 in every stage of STAGES (small ints are cached, so `is` is `==`)")
      for op in (">= 2", "> 1", "is 2")
-] + [("attention_core/estimate.py::_interp#2", "return pts[-1][1]", f"return pts[{i}][1]",
+] + [("attention_core/cli/estimate.py::_interp#2", "return pts[-1][1]", f"return pts[{i}][1]",
       "unreachable at the end of _interp: n strictly between the first and last counts lies in some pair; only "
       "a NaN token count falls through, and no caller passes one (step_time takes the int from plan.tokens). "
       "Not the first `return pts[-1][1]` of _interp (n at or above the last count), whose mutants are killed")
      for i in ("-2", "- 1", "+1", "1", "0", "~1")
-] + [("attention_core/cli_args.py::int_range", "def int_range(lo: int = 1, hi: int | None = None):",
+] + [("attention_core/cli/cli_args.py::int_range", "def int_range(lo: int = 1, hi: int | None = None):",
        f"def int_range(lo: int = 1, hi: int {op} None = None):",
        "with `from __future__ import annotations` annotations are strings, never evaluated")
       for op in ("<<", ">>", "&", "^", "+", "-", "*", "/", "//", "%", "**")
-] + [("attention_core/tune.py::candidates", 'if bkv > n and tier == "online":', f'if bkv > n and tier {op} "online":',
+] + [("attention_core/cli/tune.py::candidates", 'if bkv > n and tier == "online":',
+      f'if bkv > n and tier {op} "online":',
       "for chunked and inplace the only key block is n, so `bkv > n` is already False; for online both agree")
      for op in ("<=", ">=")
-] + [(f"attention_core/tune.py::{scope}", "g = torch.Generator().manual_seed(0)",
+] + [(f"attention_core/cli/tune.py::{scope}", "g = torch.Generator().manual_seed(0)",
        f"g = torch.Generator().manual_seed({x})",
        "tune_shape's and layout_check's seeded inputs are noise timed for speed only (the layout check's "
        "exactness figure is printed, not kept, and holds for any inputs)")
       for scope in ("tune_shape", "layout_check") for x in (" 1", " -1")
-] + [("attention_core/plan.py::comfy_split", "steps = 1 if need <= free else 2 ** math.ceil(math.log2(need / free))",
+] + [("attention_core/cli/plan.py::comfy_split",
+       "steps = 1 if need <= free else 2 ** math.ceil(math.log2(need / free))",
        "steps = 1 if need < free else 2 ** math.ceil(math.log2(need / free))",
        "at need == free the else branch gives 2 ** ceil(log2(1.0)) = 1, the same count"),
-      ("attention_core/plan.py::kv_copy_bytes",
+      ("attention_core/cli/plan.py::kv_copy_bytes",
        'copied = layout == "comfyui" or compute != dtype or (batch > 1 and not all_heads)',
        'copied = layout == "comfyui" or compute > dtype or (batch > 1 and not all_heads)',
        "compute_dtype changes a dtype only fp16 -> fp32, bf16 -> fp32 or bf16 -> fp16, and each compares greater "
        "as a string (\"fp32\" > \"fp16\" > \"bf16\")"),
-      ("attention_core/plan.py::report",
+      ("attention_core/cli/plan.py::report",
        'note = "" if sp["rows"] != n or sp["steps"] == 1 else f"; N does not divide by {sp[\'steps\']}: no slicing"',
        'note = "" if sp["rows"] != n or sp["steps"] <= 1 else f"; N does not divide by {sp[\'steps\']}: no slicing"',
        "the slice count is 1 or a power of two, never below 1"),
-      ("attention_core/plan.py::ffn_auto_chunks",
+      ("attention_core/cli/plan.py::ffn_auto_chunks",
        "return max(1, min(n, math.ceil(ffn_bytes(batch, n, ffn, elem) / max(1, free * AUTO_SHARE))))",
        "return max( 0, min(n, math.ceil(ffn_bytes(batch, n, ffn, elem) / max(1, free * AUTO_SHARE))))",
        "min(n, ceil of a positive number) is already at least 1 (n >= 1)"),
-      ("attention_core/plan.py::ffn_auto_chunks",
+      ("attention_core/cli/plan.py::ffn_auto_chunks",
        "return max(1, min(n, math.ceil(ffn_bytes(batch, n, ffn, elem) / max(1, free * AUTO_SHARE))))",
        "return max(1, min(n, math.ceil(ffn_bytes(batch, n, ffn, elem) / max( 2, free * AUTO_SHARE))))",
        "the feed-forward bytes are at least 2 N, so a divisor up to 2 still gives >= N chunks, capped at N"),
@@ -445,16 +448,16 @@ EQUIVALENT += [
        "_patched_sdpa and config() never use a State's Config unless it is installed, and _refresh compares OFF "
        "only with itself, so its force and min_tokens are never read") for m in ("True, 0, {}", "False, 1, {}",
                                                                               "False, -1, {}")
-] + [("attention_core/tune.py::engine_tile", 'shrink_kv=tier == "online", head_dim=dim)',
+] + [("attention_core/cli/tune.py::engine_tile", 'shrink_kv=tier == "online", head_dim=dim)',
        'shrink_kv=tier >= "online", head_dim=dim)',
        "the tiers are chunked, inplace and online, and only \"online\" sorts at or after \"online\"")
-] + [("attention_core/estimate.py::_interp", "if n0 <= n <= n1:", f"if n0 {op} n <= n1:",
+] + [("attention_core/cli/estimate.py::_interp", "if n0 <= n <= n1:", f"if n0 {op} n <= n1:",
        "n lies strictly inside the (distinct, sorted) measured token counts here, so the first pair with n <= n1 "
        "has n0 < n: the left test is true in the original and the mutant alike") for op in ("!=", "<", "is not")
-] + [("attention_core/estimate.py::_interp", "if n0 <= n <= n1:", "if n0 <= n < n1:",
+] + [("attention_core/cli/estimate.py::_interp", "if n0 <= n <= n1:", "if n0 <= n < n1:",
        "when n equals a measured count n1 the lookup moves on to the next pair, whose n0 is n: t = 0 there and "
        "r0 ** 1.0 * r1 ** 0.0 is that same measured rate, bit for bit (the last count returns before the loop)")
-] + [("attention_core/plan.py::<module>", f'"{name}": ("{model}", 832, 480, {f}, None, {h}, 128),',
+] + [("attention_core/cli/plan.py::<module>", f'"{name}": ("{model}", 832, 480, {f}, None, {h}, 128),',
        f'"{name}": ("{model}", {w}, 480, {f}, None, {h}, 128),',
        "a preset's width only feeds plan.tokens (preset_shapes; never printed): the VAE's W // 16 (Wan 2.2 5B) or "
        "W // 8 (Wan 2.1 14B), rounded up to whole 2-wide patches, gives the same token count for 831, 832 and "
@@ -469,7 +472,7 @@ EQUIVALENT += [
       "[0, 0], with and without gradients, MHA and GQA, identical to the original)")
      for before in ("if mask.shape[1] > 1 and (mask.shape[2] > 1 or grad):",
                     "if mask.shape[2] > 1 or grad:  # rows without heads: every rank needs all rows")
-] + [("attention_core/plan.py::estimate", before, before.replace("h >= spec.heads", "h == spec.heads"),
+] + [("attention_core/cli/plan.py::estimate", before, before.replace("h >= spec.heads", "h == spec.heads"),
       "h is the tile's head count from memory.tile_for over spec.heads kv heads, which is between 1 and "
       "spec.heads: h >= spec.heads is h == spec.heads")
      for before in ("copies = kv_copy_bytes(batch, h, n, spec.head_dim, dtype, compute, layout, h >= spec.heads)",
@@ -678,12 +681,22 @@ def _line_diff(source: str, mutated: str, rel: str, line: int):
 
 
 def module_files(module: str, tree: Path):
-    """The module's files in the mutated tree (the layout differs between revisions). attention_core/bench.py is
-    the benchmark CLI (timings and a table), not engine behaviour: not mutated."""
+    """The module's files in the mutated tree (the layout differs between revisions), less those not mutated
+    (not_mutated)."""
     files = set()
     for pattern in MODULES[module]["files"]:
         files.update(str(f.relative_to(tree)) for f in tree.glob(pattern) if f.is_file())
-    return sorted(f for f in files if f != "attention_core/bench.py")
+    return sorted(f for f in files if not not_mutated(f, tree))
+
+
+def not_mutated(path: str, tree: Path) -> bool:
+    """The benchmark CLI (timings and a table, not engine behaviour): attention_core/bench.py, and since the
+    commands moved into attention_core/cli/, its parts cli/bench.py and cli/bench_*.py (not cli/bench_models/);
+    and the commands' one-line aliases, attention_core/<name>.py where cli/<name>.py holds the code."""
+    if path == "attention_core/bench.py" or re.fullmatch(r"attention_core/cli/bench(_\w+)?\.py", path):
+        return True
+    folder, _, name = path.rpartition("/")
+    return folder == "attention_core" and (tree / "attention_core" / "cli" / name).is_file()
 
 
 def tests_for(module: str, path: str, tree: Path):

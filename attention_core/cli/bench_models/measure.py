@@ -51,7 +51,7 @@ def measured(fn, device: str, repeats: int) -> dict:
     """{"ms", "peak_mb"} of fn() on `device`: the peak extra memory of the first call, the median time of the
     calls after it (repeats - 1 of them; the first call's time when repeats is 1)."""
     import torch
-    from ..device.sync import synchronize
+    from ...device.sync import synchronize
     dev = torch.device(device)
     if dev.type == "cuda":
         synchronize(dev)
@@ -78,7 +78,7 @@ def child_main(run_case, argv=None) -> int:
     """The `--case JSON` entry of a child module: prints run_case's result as one JSON line."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2 or argv[0] != "--case":
-        print("internal entry: python -m attention_core.bench_models.<module> --case JSON (the benchmark's driver "
+        print("internal entry: python -m attention_core.cli.bench_models.<module> --case JSON (the benchmark's driver "
               "passes it); run the benchmark with python -m attention_core.bench --preset NAME", file=sys.stderr)
         return 2
     case = json.loads(argv[1])
@@ -92,7 +92,7 @@ def child_main(run_case, argv=None) -> int:
 
 def run_in_process(module: str, case: dict, timeout: float) -> dict:
     """`python -m module --case JSON` in a fresh process: its last JSON line, or an error row."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
@@ -118,7 +118,7 @@ def load_average() -> str:
 def rounds(cases_by_size: list, methods: list, n_rounds: int, run, monitor, say=print) -> list:
     """Rows (one per size and method) from `n_rounds` interleaved rounds. cases_by_size: [(size label, {method:
     case or a string saying why it is not run})]; run(case) -> result dict (ms, peak_mb, ... or error)."""
-    from ..device import machine_load
+    from ...device import machine_load
     rows = []
     for label, cases in cases_by_size:
         got = {m: [] for m in methods}

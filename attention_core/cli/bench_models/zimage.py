@@ -60,7 +60,7 @@ def comfy_import(path: str):
 
 def default_comfyui():
     """$COMFYUI_LATEST_PATH, $COMFYUI_PATH, else the 0.33.0 that ./dev sets up (as attention_core.bench picks)."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     for path in (os.environ.get("COMFYUI_LATEST_PATH"), os.environ.get("COMFYUI_PATH"),
                  os.path.join(root, ".cache", "comfyui-0.33.0")):
         if path and os.path.isfile(os.path.join(path, "comfy", "model_management.py")):
@@ -72,8 +72,8 @@ def _override(kind: str):
     """An attention override for transformer_options (ComfyUI's wrap_attn calls it as override(func, q, k, v,
     heads, mask, ...)): the engine (counted under COUNT_KEY) or torch's math SDPA, ComfyUI's layouts both ways."""
     import torch
-    from ..device.torch_sdpa import math_sdpa
-    from ..sdpa import scaled_dot_product_attention
+    from ...device.torch_sdpa import math_sdpa
+    from ...sdpa import scaled_dot_product_attention
 
     def override(func, q, k, v, heads, mask=None, attn_precision=None, skip_reshape=False, skip_output_reshape=False,
                  **kwargs):
@@ -121,7 +121,7 @@ def build_dit(case: dict):
 def run_dit_case(case: dict) -> dict:
     """One DiT step (method, image side) in this process: {"ms", "peak_mb", "routed", "attention"}."""
     import torch
-    from ..kernel import counts
+    from ...kernel import counts
     if case.get("threads"):
         torch.set_num_threads(case["threads"])
     model = build_dit(case)

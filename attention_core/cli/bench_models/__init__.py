@@ -44,7 +44,7 @@ def help_lines() -> str:
 
 def _parser():
     from .. import cli_args
-    from ..device import machine_load
+    from ...device import machine_load
     ap = cli_args.Parser(prog="python -m attention_core.bench", description=__doc__.split("\n\n")[0],
                          epilog="model presets: " + help_lines())
     ap.add_argument("--preset", required=True, choices=list(PRESETS))
@@ -112,7 +112,7 @@ def _methods(ap, flag, given, allowed):
 
 def main(argv=None) -> int:
     from .. import cli_args
-    from ..device import machine_load
+    from ...device import machine_load
     from . import measure, qwen, zimage
     argv = sys.argv[1:] if argv is None else list(argv)
     ap = _parser()
@@ -139,7 +139,7 @@ def main(argv=None) -> int:
         tables.append(("attention", t_attn, a.methods, zimage.ATTN_LABELS, "attention_core.bench",
                        zimage.attention_cases(a, elem, budget), "math", "auto"))
         if not a.no_dit:
-            tables.append(("dit", t_dit, a.dit_methods, zimage.DIT_LABELS, "attention_core.bench_models.zimage",
+            tables.append(("dit", t_dit, a.dit_methods, zimage.DIT_LABELS, "attention_core.cli.bench_models.zimage",
                            zimage.dit_cases(a, elem, budget), "comfy", "engine"))
     else:
         kind = "prefill" if a.preset == qwen.NAMES["prefill"] else "decode"
@@ -147,7 +147,7 @@ def main(argv=None) -> int:
         a.depth = 1 if a.quick else (a.depth or 2)
         a.vocab = 1024 if a.quick else qwen.VOCAB
         a.methods = _methods(ap, "--methods", a.methods, qwen.METHODS)
-        tables.append((kind, qwen.describe(kind, a), a.methods, qwen.LABELS, "attention_core.bench_models.qwen",
+        tables.append((kind, qwen.describe(kind, a), a.methods, qwen.LABELS, "attention_core.cli.bench_models.qwen",
                        qwen.cases(kind, a, elem, budget), "math", "engine"))
     info = {"preset": a.preset, "device": a.device, "dtype": a.dtype, "torch": torch.__version__,
             "command": "python -m attention_core.bench " + " ".join(argv), "threads": a.threads or

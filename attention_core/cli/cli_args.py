@@ -28,7 +28,7 @@ class Parser(argparse.ArgumentParser):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        from .version import version
+        from ..version import version
         self.add_argument("--version", action="version", version=f"%(prog)s {version()} (tiled-attention)")
 
     def error(self, message):  # noqa: D102 - argparse's hook

@@ -47,7 +47,7 @@ def math_bytes(kind: str, n: int, elem: int) -> int:
 
 def _method(name: str):
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    from ..patch import patched
+    from ...patch import patched
     if name == "math":
         return sdpa_kernel([SDPBackend.MATH])
     if name == "engine":
@@ -83,7 +83,7 @@ def run_case(case: dict) -> dict:
     patch's calls during the measured runs, None for the other methods)."""
     import torch
     from transformers import Qwen2ForCausalLM
-    from .. import patch
+    from ... import patch
     if case.get("threads"):
         torch.set_num_threads(case["threads"])
     dtype, device, n = getattr(torch, case["dtype"]), case["device"], case["n"]
