@@ -137,8 +137,10 @@ def workflow_facts(workflow):
 
 def template_title(facts):
     """The title a person reads in ComfyUI's Templates browser, which is the workflow's file name (without
-    .json) for a custom node pack's templates: "Wan 2.2 5B Text to Video 480p", "Z-Image Turbo Text to Image
-    1024x1024". ASCII letters, digits, spaces,
+    .json) for a custom node pack's templates: "Wan 2.2 5B Text to Video 480p", "Z-Image Turbo Image 1024x1024"
+    (an image workflow's task is shortened: the card says "Text → Image", and the browser clips a title past about 31
+    characters). ASCII letters, digits, spaces,
     dots and hyphens only: the name travels unescaped through the server's listing, the frontend's template
     URLs, git, zip archives and Windows file systems."""
-    return f"{facts.model} {facts.task} {facts.resolution}"
+    task = {"Text to Image": "Image", "Image to Image": "Image Edit"}.get(facts.task, facts.task)
+    return f"{facts.model} {task} {facts.resolution}"

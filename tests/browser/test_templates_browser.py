@@ -4,7 +4,7 @@ Playwright, on both ComfyUI versions with the frontend each pins (stock 0.3.75 w
 server's own loader). The server has NO model files (its input/ holds the start image the image-to-video
 workflows name), as on a fresh install.
 
-- Cards: Templates -> Extensions -> tiled-attention shows exactly the six workflows, each titled with its file
+- Cards: Templates -> Extensions -> tiled-attention shows exactly the bundled workflows, each titled with its file
   name in full (not clipped by the card) and showing its own picture: the frontend fetched
   /api/workflow_templates/tiled-attention/<name>.jpg with status 200, the <img> finished loading at the card's
   512x512 and its bytes are workflows/<name>.jpg (a broken picture becomes the frontend's 224 px default and
@@ -42,7 +42,7 @@ WORKFLOWS = sorted(glob.glob(os.path.join(ROOT, "workflows", "*.json")))
 IDS = [os.path.basename(p)[:-5] for p in WORKFLOWS]
 MODULE = "tiled-attention"  # the folder name ComfyServer gives this repository in custom_nodes
 VIEWPORT = {"width": 1280, "height": 800}  # a laptop screen, and what the README's screenshots show
-CARDS_VIEWPORT = {"width": 1440, "height": 900}  # the six cards in two rows of the Templates browser
+CARDS_VIEWPORT = {"width": 1440, "height": 1250}  # the ten cards in three rows of the Templates browser
 JS_STORES = "document.querySelector('#vue-app').__vue_app__.config.globalProperties.$pinia._s"
 
 # each card as shown: its test id, title, whether the title is clipped, and its picture (bytes hashed in the page)
@@ -251,7 +251,7 @@ def test_server_serves_each_card(server):
             assert r.read() == open(os.path.join(ROOT, "workflows", name + ".jpg"), "rb").read(), name
 
 
-def test_templates_browser_shows_six_cards_with_their_pictures(page):
+def test_templates_browser_shows_every_card_with_its_picture(page):
     page.responses.clear()
     page.set_viewport_size(CARDS_VIEWPORT)
     try:

@@ -2,6 +2,7 @@
 with the rules of the registry's own check (`comfy node validate`, comfy-cli registry/config_parser.py): accelerator
 classifiers from its fixed list (anything else makes it drop all accelerators with a warning), an OS classifier it
 knows, a `requires-comfyui` it can parse; and both files agree, without torch or a frontend package."""
+import ast
 import os
 import re
 import tomllib
@@ -54,3 +55,23 @@ def test_registry_fields():
         assert REGISTRY_VERSION.match(part.strip()), comfy["requires-comfyui"]
     for folder in comfy.get("includes", []):
         assert os.path.isdir(os.path.join(ROOT, folder)), folder
+
+
+def test_only_workflows_is_a_folder_comfyui_serves_templates_from():
+    """ComfyUI (app/custom_node_manager.py, 0.3.75 and 0.33.0) serves a pack's templates from the FIRST of
+    example_workflows, example, examples, workflow, workflows that exists in the pack's folder: a top-level
+    `examples/` (as the LoRA training script once lived in) hid every card picture behind a 404. The list is read
+    from the test ComfyUIs' own source."""
+    from tools.comfyui_setup.comfyui import comfy_path
+    names = None
+    for version in ("0.3.75", "0.33.0"):
+        path = comfy_path(version)
+        if path is None:
+            continue
+        with open(os.path.join(path, "app", "custom_node_manager.py"), encoding="utf-8") as f:
+            found = re.search(r"example_workflow_folder_names\s*=\s*(\[[^\]]*\])", f.read())
+        assert found, f"ComfyUI {version}: example_workflow_folder_names not found"
+        names = set(names or ()) | set(ast.literal_eval(found.group(1)))
+    names = names or {"example_workflows", "example", "examples", "workflow", "workflows"}
+    present = sorted(n for n in names if os.path.isdir(os.path.join(ROOT, n)))
+    assert present == ["workflows"], present

@@ -26,7 +26,7 @@ from tools.comfyui_setup.comfyui import VERSIONS, ROOT, comfy_path
 from tools.comfyui_setup.comfy_server import ComfyServer
 from tools.comfyui_setup.prompt_tools import attention_census, resized, saved_latents, workflow_api
 
-WORKFLOWS = {"Z-Image Turbo Text to Image 1024x1024": (64, 64), "Z-Image Turbo Text to Image 1536x1536": (80, 64)}
+WORKFLOWS = {"Z-Image Turbo Image 1024x1024": (64, 64), "Z-Image Turbo Image 1536x1536": (80, 64)}
 STEPS = 2
 PACK_NODES = ("TiledAttentionPatch", "TiledAttentionPatchCLIP", "TiledAttentionPatchVAE")
 TOL_EPS = 1000
@@ -124,7 +124,7 @@ def test_zimage_patched_image_matches_comfy_attention(server, name, record_prope
 
 
 def test_zimage_comparison_notices_a_broken_engine(server):
-    name = "Z-Image Turbo Text to Image 1024x1024"
+    name = "Z-Image Turbo Image 1024x1024"
     broken, plain = run(server, name, "uniform"), run(server, name, "off")
     assert sum(broken["census"]["engine"].values()) > 0
     dev = deviation(broken["latent"], plain["latent"])

@@ -1,4 +1,4 @@
-"""examples/lora_long_context.py: PEFT LoRA training of transformers' Qwen2 on attn_implementation="tiled" gives
+"""training/lora_long_context.py: PEFT LoRA training of transformers' Qwen2 on attn_implementation="tiled" gives
 math SDPA's loss and LoRA gradients (packed and unpacked, gradient checkpointing on and off), within a bound relative
 to torch's own fp32 error against a float64 copy; its benchmark table and its out-of-memory refusal for math."""
 import argparse
@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")  # pinned in tests/requirements-test.txt
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/integrations/ -> root
-EXAMPLE = os.path.join(ROOT, "examples", "lora_long_context.py")
+EXAMPLE = os.path.join(ROOT, "training", "lora_long_context.py")
 
 
 @pytest.fixture(scope="module")

@@ -43,8 +43,8 @@ EXPECTED_FACTS = {
     "LTX-2.3 Text to Video 1080p": ("LTX-2.3 22B", "Text to Video", True, 1920, 1080, 129, 25.0),
     "Wan 2.2 14B Text to Video 480p": ("Wan 2.2 A14B", "Text to Video", False, 832, 480, 81, 16.0),
     "Wan 2.2 14B Image to Video 480p": ("Wan 2.2 A14B", "Image to Video", False, 832, 480, 81, 16.0),
-    "Z-Image Turbo Text to Image 1024x1024": ("Z-Image Turbo 6B", "Text to Image", False, 1024, 1024, 1, 0.0),
-    "Z-Image Turbo Text to Image 1536x1536": ("Z-Image Turbo 6B", "Text to Image", False, 1536, 1536, 1, 0.0),
+    "Z-Image Turbo Image 1024x1024": ("Z-Image Turbo 6B", "Text to Image", False, 1024, 1024, 1, 0.0),
+    "Z-Image Turbo Image 1536x1536": ("Z-Image Turbo 6B", "Text to Image", False, 1536, 1536, 1, 0.0),
 }
 NOTE_FILE_LINE = re.compile(r"^- `([^`]+)` \u2192 `([a-z_]+)/` \u2014 (https://\S+)")
 

@@ -38,8 +38,8 @@ EXPECTED_WORKFLOWS = {
     "LTX-2.3 Text to Video 1080p.json",
     "Wan 2.2 14B Text to Video 480p.json",
     "Wan 2.2 14B Image to Video 480p.json",
-    "Z-Image Turbo Text to Image 1024x1024.json",
-    "Z-Image Turbo Text to Image 1536x1536.json",
+    "Z-Image Turbo Image 1024x1024.json",
+    "Z-Image Turbo Image 1536x1536.json",
 }
 WAN_WORKFLOWS = sorted(p for p in WORKFLOWS if os.path.basename(p).startswith("Wan "))
 

@@ -6,9 +6,9 @@ dim 64, MLP 4864, RoPE theta 1e6) and random weights, depth reduced (--layers, d
 on the attention projections, trained with a plain AdamW loop on documents packed into one row by transformers'
 DataCollatorWithFlattening (--packed) or one long document, gradient checkpointing on or off.
 
-    python examples/lora_long_context.py --tokens 4096 --packed --steps 3
-    python examples/lora_long_context.py --tokens 16384 --gradient-checkpointing --steps 1
-    python examples/lora_long_context.py --bench --tokens 4096 16384      # one step, engine vs math SDPA
+    python training/lora_long_context.py --tokens 4096 --packed --steps 3
+    python training/lora_long_context.py --tokens 16384 --gradient-checkpointing --steps 1
+    python training/lora_long_context.py --bench --tokens 4096 16384      # one step, engine vs math SDPA
 
 --bench runs one training step (forward + backward) per configuration twice, each in a fresh process: on
 attn_implementation="tiled" and on "sdpa" with torch's math backend; it prints time, peak memory (growth of the
