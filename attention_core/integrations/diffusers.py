@@ -142,7 +142,7 @@ def _engine_dispatch(sdpa, where: str):
                 and attn_mask.shape[1] == key.shape[1]):
             attn_mask = attn_mask[:, None, None, :]  # [batch, key tokens], as diffusers' native backend reads it
         out = sdpa(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), attn_mask, dropout_p,
-                   is_causal, scale, enable_gqa)
+                   is_causal, scale=scale, enable_gqa=enable_gqa)
         return out.transpose(1, 2)
     return dispatch_attention_fn
 

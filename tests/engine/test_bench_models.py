@@ -2,6 +2,7 @@
 tiny sizes: their tables are well formed Markdown with a number in every cell of every method that ran, the JSON holds
 a time and a peak memory per case, and the engine's cases say every attention call of the model ran in the engine
 (counted where it ran: the global patch's stats for Qwen2, the engine's count key for ComfyUI's NextDiT)."""
+import importlib.util
 import json
 import os
 import re
@@ -77,7 +78,10 @@ def test_qwen_math_over_the_memory_budget_is_said(capsys, tmp_path):
     png = tmp_path / "chart.png"
     text, saved = _run(capsys, tmp_path, "qwen2.5-0.5b-prefill", "--sizes", "256", "--methods", "math,engine",
                        "--memory-budget-gb", "0.001", "--plot", str(png))
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    if importlib.util.find_spec("matplotlib"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    else:  # the oldest-torch environment has no matplotlib: the run says so on stderr and writes no chart
+        assert not png.exists()
     (head, rows), = _tables(text).values()
     assert rows[0][1] == "out of memory" and _cell_ok(rows[0][2]) and rows[0][3] == "only engine (global patch) ran"
     assert "over the 0.0 GB budget (--memory-budget-gb): out of memory here" in text

@@ -39,7 +39,7 @@ def engine_spy(monkeypatch):
     def spy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, **kw):
         seen.append((q.shape[-2], k.shape[-2], None if attn_mask is None else tuple(attn_mask.shape), dropout_p,
                      k.shape[1], enable_gqa))
-        return real(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, **kw)
+        return real(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa, **kw)
     monkeypatch.setattr(tiled_hf, "scaled_dot_product_attention", spy)
     return seen
 

@@ -51,6 +51,8 @@ def test_lora_loss_and_gradients_as_math_sdpa(example, packed, checkpointing):
     calls = counts.calls(tiled_hf.COUNT_KEY)[0] - before
     # 2 layers, each document its own call when packed (4 documents), once more per layer in the recomputation
     assert calls == 2 * (4 if packed else 1) * (2 if checkpointing else 1), calls
+    if packed and not tiled_hf._marks_packing():
+        pytest.skip(not_marked())
     loss32, grads32 = _step(example, "sdpa", "float32", packed, checkpointing)
     loss64, grads64 = _step(example, "sdpa", "float64", packed, checkpointing)
     assert set(grads) == set(grads64) and len(grads) == 16  # A and B of q, k, v, o in 2 layers
@@ -80,7 +82,9 @@ def test_bench_table_and_math_out_of_memory(example, monkeypatch, capsys, tmp_pa
     monkeypatch.setattr(example, "_subprocess", lambda case, timeout: json.loads(json.dumps(example.run_case(case))))
     tiny = _tiny(example)
     monkeypatch.setattr(example, "qwen25_config", lambda layers, vocab, **over: tiny)
-    args = argparse.Namespace(tokens=[64], packed="yes", gradient_checkpointing="off", layers=2, vocab=256,
+    from attention_core.integrations import transformers as tiled_hf
+    packed = tiled_hf._marks_packing()  # else "sdpa" attends across the documents: another result, not a reference
+    args = argparse.Namespace(tokens=[64], packed="yes" if packed else "no", gradient_checkpointing="off", layers=2, vocab=256,
                               dtype="float32", rank=8, device="cpu", timeout=60)
     rows = example.bench(args)
     assert rows[0]["diff"]["grad_rel"] < 1e-4 and rows[0]["diff"]["grads"] == 16
@@ -89,7 +93,15 @@ def test_bench_table_and_math_out_of_memory(example, monkeypatch, capsys, tmp_pa
     assert "error" not in rows[1]["engine"] and rows[1]["math"]["error"].startswith("out of memory")
     example.print_table(rows, args)
     out = capsys.readouterr().out
-    assert "| 64 | packed (4 docs) | off |" in out and "out of memory: needs" in out
+    assert ("| 64 | packed (4 docs) | off |" if packed else "| 64 | one document | off |") in out, out
+    assert "out of memory: needs" in out
+
+
+def not_marked():
+    import transformers
+    return (f"not applicable: transformers {transformers.__version__} on torch {torch.__version__} does not mark "
+            "packed rows (its 'sdpa' attends across documents, so it is no reference for packed training); the "
+            "per-document engine calls were counted above")
 
 
 def test_help_runs():
