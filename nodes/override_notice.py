@@ -250,7 +250,7 @@ def _mab_backend(inner) -> str:
 def custom_node_folder(fn) -> Optional[str]:
     """The custom node whose code defines `fn`: the folder (or single file) right under a `custom_nodes` directory,
     else the longest folder pack ComfyUI loaded (nodes.LOADED_MODULE_DIRS: its name -> its folder) holding the file;
-    None for code elsewhere (ComfyUI itself, comfy_extras, site-packages)."""
+    None for code elsewhere (ComfyUI itself, comfy_extras, site-packages, also where a venv sits inside a pack)."""
     code = getattr(fn, "__code__", None) or getattr(getattr(fn, "__call__", None), "__code__", None)
     path = getattr(code, "co_filename", None)
     if not path:
@@ -263,6 +263,9 @@ def custom_node_folder(fn) -> Optional[str]:
         inner = path[len(root) + 1:].split(os.sep)
         return os.path.splitext(inner[1])[0] if len(inner) >= 2 and inner[0] == "custom_nodes" else None
     parts = path.split(os.sep)
+    if "site-packages" in parts or "dist-packages" in parts:
+        return None  # an installed library (torch's disable wrapper, functools' helpers), even in a venv that lives
+        # inside a pack's folder (this pack's test checkouts keep theirs in custom_nodes/tiled-attention/.venv)
     if "custom_nodes" in parts[:-1]:
         i = len(parts) - 1 - parts[::-1].index("custom_nodes")
         return os.path.splitext(parts[i + 1])[0]

@@ -285,6 +285,11 @@ def test_custom_node_folder_is_the_pack_that_defines_the_function(pack, tmp_path
     # under a custom_nodes directory: the folder (or single file) right under it, however deep the file is
     assert notice.custom_node_folder(function_in(tmp_path / "custom_nodes" / "PackB" / "a" / "b" / "x.py")) == "PackB"
     assert notice.custom_node_folder(function_in(tmp_path / "custom_nodes" / "one_file.py")) == "one_file"
+    # an installed library in a venv kept inside a pack's folder (as this pack's test checkouts keep theirs) is the
+    # library's, not the pack's: torch.compiler.disable's wrapper must not name the pack holding the venv
+    venv = tmp_path / "custom_nodes" / "PackV" / ".venv" / "lib" / "python3.11"
+    assert notice.custom_node_folder(function_in(venv / "site-packages" / "torch" / "eval_frame.py")) is None
+    assert notice.custom_node_folder(function_in(venv / "dist-packages" / "torch" / "eval_frame.py")) is None
     # elsewhere (a custom node path from extra_model_paths.yaml): the longest folder pack ComfyUI loaded holding it;
     # a single-file pack's entry is the folder holding that file and names no other pack in that folder
     root = tmp_path / "my_nodes"
