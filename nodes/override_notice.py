@@ -192,7 +192,9 @@ def describe(fn) -> str:
     module = getattr(fn, "__module__", None) or type(fn).__module__
     if module == "comfy.model_patcher" and qualname.endswith(MAB_QUALNAME):
         inner = _mab_inner(fn)
-        own = defining(inner)  # ComfyUI's registered backends are wrap_attn wrappers: looked up as they are
+        # a backend in ComfyUI's registry is ModelAttentionBackend's choice, looked up as registered (a wrap_attn
+        # wrapper), whoever wrote the function under it; anything else was handed over by a pack
+        own = inner if _registered_name(inner) is not None else defining(inner)
         folder = custom_node_folder(own)
         if folder is not None:  # a pack handing its own function to ModelPatcher.set_model_optimized_attention
             return (f"custom node '{folder}' (through ModelPatcher.set_model_optimized_attention): "
@@ -232,13 +234,20 @@ def _mab_inner(fn):
         return None
 
 
+def _registered_name(inner) -> Optional[str]:
+    """The name `inner` is registered under in ComfyUI's attention registry (by identity), or None."""
+    if inner is None:
+        return None
+    registry = getattr(sys.modules.get("comfy.ldm.modules.attention"), "REGISTERED_ATTENTION_FUNCTIONS", {}) or {}
+    return {id(f): k for k, f in registry.items()}.get(id(inner))
+
+
 def _mab_backend(inner) -> str:
     """The backend ModelAttentionBackend chose: its name in ComfyUI's registry and its function."""
     if inner is None:
         return "backend unknown"
     name = getattr(inner, "__name__", type(inner).__name__)
-    registry = getattr(sys.modules.get("comfy.ldm.modules.attention"), "REGISTERED_ATTENTION_FUNCTIONS", {}) or {}
-    key = {id(f): k for k, f in registry.items()}.get(id(inner))
+    key = _registered_name(inner)
     if key is None:
         return f"backend {name}"
     if key == "pytorch":

@@ -342,6 +342,21 @@ def test_model_attention_backend_names_the_backend_it_chose(pack, wan):
     assert unregistered == "ModelAttentionBackend (ComfyUI core), backend attention_basic"
 
 
+def test_a_registered_backend_a_pack_wrote_is_model_attention_backend_s_choice(pack, wan, tmp_path, monkeypatch):
+    """A backend in ComfyUI's registry (a wrap_attn-style wrapper whose __wrapped__ is a pack's function, as this
+    pack's own 'tiled' is in a real install under custom_nodes/) is named as ModelAttentionBackend's choice."""
+    import functools
+    from comfy.ldm.modules import attention
+    fn = function_in(tmp_path / "custom_nodes" / "PackR" / "attn.py", "attention_packr")
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        return fn(*args, **kwargs)
+    monkeypatch.setitem(attention.REGISTERED_ATTENTION_FUNCTIONS, "packr", wrapped)
+    described = mod("nodes.override_notice").describe(set_model_optimized_attention(wan, wrapped))
+    assert described == "ModelAttentionBackend (ComfyUI core), backend 'packr' (attention_packr)", described
+
+
 def test_a_pack_through_set_model_optimized_attention_is_named_by_its_folder(pack, wan, tmp_path):
     fn = function_in(tmp_path / "custom_nodes" / "PackC" / "attn.py", "pack_attention")
     described = mod("nodes.override_notice").describe(set_model_optimized_attention(wan, fn))
