@@ -14,6 +14,9 @@ from attention_core.cli.bench_models import PRESETS, wants
 
 
 def _comfyuis():
+    if os.environ.get("TILED_ATTENTION_NO_COMFYUI"):  # set by ./dev test-oldest-torch: the engine's env alone
+        pytest.skip("not applicable: the oldest-torch environment (./dev test-oldest-torch) has the engine alone; "
+                    "the Z-Image presets run with ComfyUI in ./dev test")
     paths = [os.environ.get(v) for v in ("COMFYUI_LATEST_PATH", "COMFYUI_PATH")]
     return [p for p in dict.fromkeys(paths) if p and os.path.isfile(os.path.join(p, "comfy", "model_management.py"))]
 
