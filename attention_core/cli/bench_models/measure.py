@@ -18,33 +18,10 @@ import subprocess
 import sys
 import time
 
+from ..bench_run import _peak_rss, _reset_peak_rss, _rss  # the main benchmark's peak-memory readers
+
 MIB = 1 << 20
 GIB = 1 << 30
-
-
-def _rss() -> int:
-    import psutil
-    return psutil.Process().memory_info().rss
-
-
-def _reset_peak_rss() -> None:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:  # Linux: 5 resets VmHWM to the current RSS
-            f.write("5")
-    except OSError:
-        pass
-
-
-def _peak_rss() -> int:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    import resource
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def measured(fn, device: str, repeats: int) -> dict:
