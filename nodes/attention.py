@@ -17,9 +17,9 @@ def settings_inputs(min_tokens_default: int, what: str) -> list:
     return [
         io.Combo.Input("mode", options=list(MODES), default="auto", tooltip=(
             f"auto: tiled attention for the {what} only where this GPU has no fused attention, tier chosen from "
-            "free memory. chunked: fastest tier. inplace: softmax in the score tile; least memory at the default "
-            "tile size. online: FlashAttention-2 recurrence; its tiles shrink the furthest (auto falls back to it "
-            "when nothing else fits), but at the default tile size it holds more than inplace. off: remove this "
+            "free memory. chunked: fastest tier. inplace: softmax in the score tile; less memory than chunked on a "
+            "GPU (the same on the CPU). online: FlashAttention-2 recurrence; least memory at the default tile size, "
+            "and its tiles shrink the furthest (auto falls back to it when nothing else fits). off: remove this "
             "pack's patch.")),
         io.Int.Input("memory_budget_mb", default=0, min=0, max=1048576, step=64, tooltip=(
             "Memory the attention tiles may use, in MB. 0 = from the memory free at each call.")),

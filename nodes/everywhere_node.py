@@ -26,8 +26,8 @@ class TiledAttentionEverywhere(io.ComfyNode):
                 io.Combo.Input("mode", options=list(everywhere.MODES), default="auto", tooltip=(
                     "off: torch's and ComfyUI's own attention everywhere. auto: tiled attention where this GPU has "
                     "no fused attention (the same probe as Patch Attention's auto). chunked / inplace / online: "
-                    "that tier on every device (chunked: fastest; inplace: least memory at the default tile size; "
-                    "online: its tiles shrink the furthest, for when nothing else fits).")),
+                    "that tier on every device (chunked: fastest; inplace: less memory than chunked on a GPU; "
+                    "online: least memory, and what runs when nothing else fits).")),
                 io.Int.Input("min_tokens", default=everywhere.DEFAULT_MIN_TOKENS, min=0, max=1000000, tooltip=(
                     "Attention over fewer tokens than this (the longer of query and key) keeps torch's / "
                     "ComfyUI's own attention. 0 = every call runs tiled.")),

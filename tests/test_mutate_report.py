@@ -241,3 +241,21 @@ def test_the_latest_draw_is_the_last_whole_module_one_whatever_it_scored():
         "engine: 15 killed / 20 = 75.0 % as run (5 survived, 0 timeout, 0 equivalent; 20 sampled, INCOMPLETE: 2 "
         "not run; fresh seed 3, drawn D at commit abc)")
     assert mutate.readme_figure("nodes", None) == "nodes: no fresh draw logged yet"
+
+
+def test_a_line_run_at_import_is_covered_by_every_test_of_its_file():
+    """Module and class statements, decorators and def headers run when the module is imported, credited by
+    coverage to whichever test imported it first: a mutant there runs every test that runs any line of the file
+    (a decorator removed from a property survived a draw on the one test that happened to import the module)."""
+    source = ("import os\nLIMIT = 40\n\n\nclass A:\n    size = 3\n\n    @property\n    def n(self):\n"
+              "        return LIMIT\n\n\ndef f(x=LIMIT):\n    return x + 1\n")
+    assert mutate.import_time_lines(source) >= {1, 2, 5, 6, 8, 9, 13}
+    assert not mutate.import_time_lines(source) & {10, 14}
+    lines = {"nodes/x.py": {2: {"t.py::imports_first"}, 10: {"t.py::reads_n"}, 14: {"u.py::calls_f"}}}
+
+    def at(line):
+        return mutate.Mutant("nodes", "nodes/x.py", "op", 0, line, "a", "b", "")
+    timed = mutate.import_time_lines(source)
+    assert mutate.covering_tests(at(2), lines, (), timed) == ["t.py::imports_first", "t.py::reads_n", "u.py::calls_f"]
+    assert mutate.covering_tests(at(10), lines, (), timed) == ["t.py::reads_n"]  # a body line: its own tests
+    assert mutate.covering_tests(at(2), lines) == ["t.py::imports_first"]  # without the rule: the importer alone

@@ -13,7 +13,7 @@ Score memory of one self-attention call (batch item count `batch`, h heads, N to
   ComfyUI split         3 * b*h * N * N * e needed; 2^ceil(log2(need / free)) slices (refuses over 64), and only
                         when N divides by the slice count (else one slice: the whole matrix); 2 * slice scores
   this pack             the engine's tile (kernel.memory: sized by bytes_per_score) at the bytes a score it holds
-                        (held_score_bytes) * b*h_tile * rows * keys, + its rows' query / output / accumulator
+                        (score_bytes) * b*h_tile * rows * keys, + its rows' query / output / accumulator
                         tensors (row_bytes), K/V copies, the fp16 guard's fp32 K, a head group's own output
 FFN hidden activation: 2 * b * N * ffn_width * e (before and after the GELU), divided by the chunk count.
 Pure arithmetic: no torch import at module level, nothing allocated.
@@ -153,17 +153,13 @@ def tokens(model: ModelSpec, width: int, height: int, frames: int) -> int:
 
 
 def tier_bytes_per_score(tier: str, elem: int, cpu: bool = False) -> int:
-    """Transient bytes per score of one tile (attention_core.kernel.memory.bytes_per_score, no mask or dropout);
-    half precision is counted at 4 bytes: the overflow guard may recompute a tile in fp32. Chunked tiles hold S
-    and P, one buffer on the CPU (P overwrites S)."""
-    isz = 4 if elem == 2 else elem
-    if tier == "chunked":
-        return (1 if cpu else 2) * isz
-    if tier == "inplace":
-        return isz
-    if tier == "online":
-        return isz + 2 * 4
-    raise ValueError(f"unknown tier {tier!r}; choose from {TIERS}")
+    """Transient bytes per score of one tile (attention_core.kernel.memory.tile_bytes_per_score, no mask or dropout)
+    for inputs of `elem` bytes computed as they are; half precision is taken as fp16, whose overflow guard may
+    recompute a tile in fp32 (the costlier half)."""
+    if tier not in TIERS:
+        raise ValueError(f"unknown tier {tier!r}; choose from {TIERS}")
+    from ..kernel.memory import tile_bytes_per_score
+    return tile_bytes_per_score(tier, elem, elem == 2, "cpu" if cpu else "other")
 
 
 PRECISIONS = ("auto", "input", "fp16", "fp32")  # the engine's precision modes (attention_core.kernel.numerics)
@@ -187,26 +183,11 @@ def compute_dtype(dtype: str, cpu: bool, precision: str = "auto") -> str:
 
 
 def score_bytes(tier: str, compute: str, cpu: bool = False) -> int:
-    """Transient bytes per score of one tile when the tiles compute in `compute` (memory.bytes_per_score without
-    mask or dropout; fp16 at 4 bytes: the overflow guard may recompute a tile in fp32; chunked S and P share one
-    buffer on the CPU)."""
-    isz = 4 if compute in ("fp16", "fp32") else 2
-    return {"chunked": (1 if cpu else 2) * isz, "inplace": isz, "online": isz + 2 * 4}[tier]
-
-
-def held_score_bytes(tier: str, compute: str, cpu: bool = False) -> int:
-    """Bytes per score a tile really holds at most (attention_core/kernel/tiers/*.py), where the engine sizes its
-    tiles by score_bytes: the same, except
-      chunked / inplace in fp16: a tile the overflow guard recomputes in fp32 holds fp32 scores (chunked on a GPU:
-               S and P) and P cast back to fp16 for the P V GEMM: 4 (or 8) + 2 bytes
-      online:  the previous key tile's weights are still alive while the next scores are computed: 2 x 4 bytes
-               in fp32; in half precision the scores (2) and their fp32 weights (4) beside them: 10 bytes (it
-               sizes by 12, and by 10 in bf16)."""
-    if tier == "online":
-        return 8 if compute == "fp32" else 10
-    if compute == "fp16":
-        return (8 if tier == "chunked" and not cpu else 4) + 2
-    return score_bytes(tier, compute, cpu)
+    """Bytes per score one tile holds at its peak when the tiles compute in `compute`, and what the engine sizes its
+    tiles by (attention_core.kernel.memory.tile_bytes_per_score without mask or dropout: fp16 tiles the overflow
+    guard flags hold fp32 scores and their fp16 cast; chunked S and P share one buffer on the CPU)."""
+    from ..kernel.memory import tile_bytes_per_score
+    return tile_bytes_per_score(tier, DTYPE_BYTES[compute], compute == "fp16", "cpu" if cpu else "other")
 
 
 def kv_copy_bytes(batch: int, heads: int, n: int, head_dim: int, dtype: str, compute: str, layout: str,
@@ -291,14 +272,15 @@ def comfy_split(bh: int, n: int, elem: int, free: int) -> dict:
 def pack_tile(tier: str, bh_kv: int, g: int, n: int, elem: int, budget: int, cpu: bool,
               per: Optional[int] = None, head_dim: Optional[int] = None) -> Optional[dict]:
     """The tile the pack's planner takes for `tier` within `budget` bytes: attention_core.kernel.memory.tile_for, the
-    engine's own rule (about TARGET_TILE_ELEMS scores, all heads when that leaves >= PREF_ROWS rows each, else
+    engine's own rule (about TARGET_TILE_ELEMS scores, ONLINE_TILE_ELEMS for online, all heads when that leaves >= PREF_ROWS rows each, else
     fewer heads; heads of `head_dim` <= HEAD_CAP_MAX_DIM dims capped per head); None when not even MIN_BLOCK rows
     fit."""
-    from ..kernel.memory import ONLINE_BLOCK_KV, tile_for
+    from ..kernel.memory import ONLINE_BLOCK_KV, forward_target, tile_for
     kind = "cpu" if cpu else "other"
     per = per or tier_bytes_per_score(tier, elem, cpu)
     bk = n if tier != "online" else min(n, ONLINE_BLOCK_KV[kind])
-    t = tile_for(n, bh_kv, g, per, budget, bk, kind, shrink_kv=tier == "online", head_dim=head_dim)
+    t = tile_for(n, bh_kv, g, per, budget, bk, kind, shrink_kv=tier == "online", head_dim=head_dim,
+                 target=forward_target(tier, kind), forward=True)
     if t is None:
         return None
     rows, bk, heads = t
@@ -366,7 +348,7 @@ def estimate(model: str, width: int, height: int, frames: int, free: int, dtype_
         tile = pack_tile(t, spec.heads, batch, n, e, budget, cpu, per=per, head_dim=spec.head_dim)
         tiers[t] = {"tile": tile, "floor": pack_floor(t, n, e, cpu, per=per)}
         if tile is not None:  # the engine's tile, with the bytes it holds (it budgets score_bytes a score)
-            tile["bytes"] = held_score_bytes(t, compute, cpu) * batch * tile["rows"] * tile["keys"] * tile["heads"]
+            tile["bytes"] = score_bytes(t, compute, cpu) * batch * tile["rows"] * tile["keys"] * tile["heads"]
             # what the call holds beyond q, k, v and the output: K/V copies, the fp16 guard's fp32 K, a head group's
             # own output, the tile and its rows
             h = tile["heads"]

@@ -41,10 +41,6 @@ LAYOUTS = ("queries", "keys")            # the chunked tier's score layouts (tie
 # keep the layout the engine always had until `tune` measures them
 DEFAULT_LAYOUT = {"cpu": "queries", "other": "queries"}
 MIN_ROWS = 16
-# transient bytes per score of a tile, as attention_core.kernel.memory.bytes_per_score counts them (fp16 tiles at 4:
-# the overflow guard may recompute one in fp32)
-_BPS = {"chunked": 2, "inplace": 1, "online": 3}
-_BPS_CPU = dict(_BPS, chunked=1)  # the CPU's chunked softmax overwrites its scores (memory.CHUNKED_SCORE_BUFFERS)
 _cache: dict = {}
 _warned_layouts: set = set()
 
@@ -205,11 +201,23 @@ def _dtype_name(dtype) -> str:
 
 
 def bytes_per_score(tier: str, dtype, device="cpu") -> int:
-    """memory.bytes_per_score of a tile without mask or dropout, from the tier, dtype and device alone."""
+    """memory.bytes_per_score of a tile without mask or dropout, from the tier, dtype and device alone: the CPU
+    computes half inputs in fp32 (numerics' "auto"); elsewhere fp16 stays fp16 (with its overflow guard) and bf16
+    may compute in bf16 or fp32, counted at the larger of the two."""
     import torch
-    elem = 4 if _dtype_name(dtype) in ("float16", "bfloat16", "float32") else 8
-    per = _BPS_CPU if torch.device(device).type == "cpu" else _BPS
-    return per.get(tier, 3) * elem
+    from ..kernel.memory import tile_bytes_per_score  # here, not at import: the kernel's driver imports this module
+    name = _dtype_name(dtype)
+    kind = "cpu" if torch.device(device).type == "cpu" else "other"
+    tier = tier if tier in ("chunked", "inplace") else "online"
+    if name == "float64":
+        options = [(8, False)]
+    elif kind == "cpu" or name not in ("float16", "bfloat16"):
+        options = [(4, False)]
+    elif name == "float16":
+        options = [(2, True)]
+    else:
+        options = [(2, False), (4, False)]
+    return max(tile_bytes_per_score(tier, size, fp16, kind) for size, fp16 in options)
 
 
 NEAR = 2.0  # a tuned tile serves key and head counts within this factor of the tuned ones; others: engine's plan

@@ -41,6 +41,11 @@ BACKWARD_TILE_ELEMS = {"cpu": 1 << 21, "other": 1 << 27}
 # score-sized buffers of a chunked tile: S and P, one buffer on the CPU where P overwrites S (tiers.chunked)
 CHUNKED_SCORE_BUFFERS = {"cpu": 1, "other": 2}
 ONLINE_BLOCK_KV = {"cpu": 1024, "other": 4096}
+# score elements per online tile (bq x bk): a quarter of the full-row tiers' target on the CPU, a 32nd elsewhere
+# (half precision there: online's weights are fp32, 3x the bytes of an fp16 score), so that at the default tile
+# size the online tier holds the least memory of the three for any call past one tile (its purpose: memory
+# independent of the key count); `auto` takes it only when nothing else fits, and then at the size the budget allows
+ONLINE_TILE_ELEMS = {"cpu": 1 << 21, "other": 1 << 22}
 # share of the free memory the tiles may take when no budget is given
 FREE_FRACTION = {"cpu": 0.5, "other": 0.7}
 
@@ -108,11 +113,32 @@ def tile_budget(device: torch.device, memory_budget: Optional[int] = None) -> in
     return int(free * FREE_FRACTION[_kind(device)])
 
 
+def tile_bytes_per_score(tier: str, compute_bytes: int, fp16: bool, kind: str) -> int:
+    """Bytes per score element one forward tile of `tier` holds at its peak (attention_core/kernel/tiers/*.py),
+    without mask or dropout, for tiles computed in a dtype of `compute_bytes` bytes (fp16: True when that is fp16,
+    whose overflow guard scores a flagged tile in fp32). Row statistics are fp32 (fp64 for fp64 tiles).
+      chunked  S (and P beside it on a GPU: CHUNKED_SCORE_BUFFERS) in the score dtype, plus P cast back to fp16 for
+               the P V GEMM when the guard scored it in fp32
+      inplace  S in the score dtype, plus that cast
+      online   the scores with their fp32 weights beside them (computed from half scores), or the fp32 weights with
+               their cast to the compute dtype for the P V GEMM: max of the two (the previous key tile is let go)"""
+    cs = compute_bytes
+    st = 8 if cs == 8 else 4
+    ss = 4 if fp16 else cs  # score tile: an fp16 tile the overflow guard flags is scored in fp32
+    cast = cs if ss != cs else 0
+    if tier == "chunked":
+        return CHUNKED_SCORE_BUFFERS[kind] * ss + cast
+    if tier == "inplace":
+        return ss + cast
+    if tier == "online":
+        weights = (lambda score: score + (st if score != st else 0))
+        return max(weights(cs), weights(ss), st + (cs if cs != st else 0))
+    raise ValueError(f"unknown tier {tier!r}; choose from chunked, inplace, online")
+
+
 def bytes_per_score(tier: str, p: AttentionProblem, num: Numerics, backward: bool = False) -> int:
-    """Transient bytes per score element of one tile for `tier` (or the backward)."""
-    isz = torch.empty((), dtype=num.compute).element_size()
-    if num.compute == torch.float16:
-        isz = 4  # a tile may be recomputed in fp32 by the overflow guard
+    """Transient bytes per score element of one tile for `tier` (or the backward): tile_bytes_per_score plus the
+    mask and dropout temporaries."""
     st = torch.empty((), dtype=num.stats).element_size()
     extra = 0
     if p.mask5 is not None and p.mask5.dtype == torch.bool:
@@ -121,11 +147,13 @@ def bytes_per_score(tier: str, p: AttentionProblem, num: Numerics, backward: boo
         extra += 3 * 8 + 1  # int64 hash temporaries and the keep bits
     if backward:  # the fp32 scores/weights/dS tile, dP (compute dtype, then fp32), flush/temporaries
         return 3 * st + extra
-    if tier == "chunked":
-        return CHUNKED_SCORE_BUFFERS[_kind(p.device)] * isz + extra
-    if tier == "inplace":
-        return isz + extra
-    return isz + 2 * st + extra  # online: score, fp32 weights, cast for the P V GEMM
+    cs = torch.empty((), dtype=num.compute).element_size()
+    return tile_bytes_per_score(tier, cs, num.compute == torch.float16, _kind(p.device)) + extra
+
+
+def forward_target(tier: str, kind: str) -> int:
+    """Score elements a forward tile of `tier` aims at: ONLINE_TILE_ELEMS for online, else TARGET_TILE_ELEMS."""
+    return (ONLINE_TILE_ELEMS if tier == "online" else TARGET_TILE_ELEMS)[kind]
 
 
 def _round(b: int) -> int:
@@ -133,17 +161,20 @@ def _round(b: int) -> int:
 
 
 def tile_for(lq: int, hkv: int, pairs_per_row: int, per: int, budget: int, bk: int, kind: str, block_q=None,
-             shrink_kv: bool = False, target: Optional[int] = None, head_dim: Optional[int] = None):
+             shrink_kv: bool = False, target: Optional[int] = None, head_dim: Optional[int] = None,
+             forward: Optional[bool] = None):
     """(bq, bk, heads) for tiles of `per` bytes a score within `budget`, or None; halves bk while allowed.
 
     Shapes only (attention_core.cli.plan reports the same tiles): lq query rows, hkv kv heads, each (kv head, query
     row) pair holding pairs_per_row * bk scores (B * G: batch and the GQA group). The tile takes as many pairs as
     TARGET_TILE_ELEMS[kind] and the budget allow, all heads when that leaves PREF_ROWS rows per head, else fewer
     heads with more rows, and (forward, heads of `head_dim` <= HEAD_CAP_MAX_DIM) no more than HEAD_TILE_ELEMS[kind]
-    scores a head where that leaves PREF_ROWS rows. `target`: another number of scores to aim for (the backward's;
-    no head cap). head_dim None: unknown, no cap."""
+    scores a head where that leaves PREF_ROWS rows. `target`: another number of scores to aim for (the online
+    tier's, forward_target; the backward's). forward: whether the head cap applies (default: only without a
+    target, i.e. not for the backward). head_dim None: unknown, no cap."""
     lq, hkv = max(1, lq), max(1, hkv)
-    capped = target is None and head_dim is not None and head_dim <= HEAD_CAP_MAX_DIM  # forward tiles only
+    forward = target is None if forward is None else forward
+    capped = forward and head_dim is not None and head_dim <= HEAD_CAP_MAX_DIM  # forward tiles only
     head_cap = HEAD_TILE_ELEMS[kind] if capped else None
     target = target or TARGET_TILE_ELEMS[kind]
     while True:
@@ -165,8 +196,9 @@ def tile_for(lq: int, hkv: int, pairs_per_row: int, per: int, budget: int, bk: i
         bk = max(MIN_BLOCK, bk // 2)
 
 
-def _tile(p: AttentionProblem, per: int, budget: int, bk: int, block_q, shrink_kv: bool, target=None):
-    return tile_for(p.Lq, p.Hkv, p.B * p.G, per, budget, bk, _kind(p.device), block_q, shrink_kv, target, p.E)
+def _tile(p: AttentionProblem, per: int, budget: int, bk: int, block_q, shrink_kv: bool, target=None, forward=None):
+    return tile_for(p.Lq, p.Hkv, p.B * p.G, per, budget, bk, _kind(p.device), block_q, shrink_kv, target, p.E,
+                    forward)
 
 
 def plan_forward(p: AttentionProblem, num: Numerics, tier: str, budget: int, block_q=None,
@@ -177,7 +209,8 @@ def plan_forward(p: AttentionProblem, num: Numerics, tier: str, budget: int, blo
         t = _tile(p, per, budget, max(1, p.Lk), block_q, shrink_kv=False)
     else:
         bk = block_kv or min(max(1, p.Lk), ONLINE_BLOCK_KV[_kind(p.device)])
-        t = _tile(p, per, budget, bk, block_q, shrink_kv=block_kv is None)
+        t = _tile(p, per, budget, bk, block_q, shrink_kv=block_kv is None, target=forward_target(tier, _kind(p.device)),
+                  forward=True)
     return None if t is None else Plan(tier, *t)
 
 

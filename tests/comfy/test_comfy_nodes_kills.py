@@ -302,6 +302,10 @@ def test_registering_again_says_whether_the_name_is_ours(adapter, monkeypatch):
     monkeypatch.setattr(attention, "REGISTERED_ATTENTION_FUNCTIONS", dict(registry))
     attention.REGISTERED_ATTENTION_FUNCTIONS.pop(backend_registry.NAME, None)
     assert backend_registry.register() is True
+    registered = attention.REGISTERED_ATTENTION_FUNCTIONS[backend_registry.NAME]
+    if hasattr(attention, "wrap_attn"):  # ComfyUI's own wrapper around the pack's function, as its backends are
+        assert registered.__code__ is attention.wrap_attn(len).__code__, registered
+        assert registered.__wrapped__.__name__ == "attention_tiled" and registered.settings is not None
     assert backend_registry.register() is True
 
     def attention_tiled(*args, **kwargs):
@@ -517,6 +521,32 @@ def test_every_on_value_of_the_environment_switches_the_mode_on(adapter, monkeyp
         everywhere.set_mode("off")
     monkeypatch.setattr(everywhere, "_env_applied", False)
     assert not everywhere.apply_environment({everywhere.ENV: "off"})["on"]
+
+
+def test_the_environment_is_applied_by_the_first_call_of_a_fresh_process(adapter, caplog):
+    """A freshly imported nodes/everywhere.py has not applied TILED_ATTENTION_EVERYWHERE yet: its first
+    apply_environment() reads the variable (an invalid value is logged as an error), later calls change nothing.
+    A second copy of the module (its own state; siblings shared) stands in for a fresh process."""
+    import importlib.util
+    import logging
+    from tiled_attention_pack.nodes import everywhere
+    spec = importlib.util.spec_from_file_location("tiled_attention_pack.nodes._everywhere_fresh", everywhere.__file__)
+    fresh = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fresh)
+    with caplog.at_level(logging.ERROR, logger="tiled_attention"):
+        assert not fresh.apply_environment({fresh.ENV: "sometimes"})["on"]
+        assert [r for r in caplog.records if "is not a mode" in r.getMessage()], caplog.text
+        caplog.clear()
+        assert not fresh.apply_environment({fresh.ENV: "sometimes"})["on"]
+        assert not caplog.records, caplog.text  # once per process
+
+
+def test_an_invalid_value_is_echoed_to_forty_characters(adapter):
+    """everywhere.shown echoes at most SHOWN_CHARS = 40 characters of a value, then says how long it was."""
+    from tiled_attention_pack.nodes import everywhere
+    assert everywhere.shown("x" * 40) == repr("x" * 40)
+    assert everywhere.shown("x" * 41) == repr("x" * 40) + "... (41 characters)"
+    assert everywhere.shown("a\x00b") == repr("a?b")
 
 
 def test_patch_settings_stats_has_two_keys_only(adapter):

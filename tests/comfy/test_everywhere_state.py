@@ -71,7 +71,10 @@ def test_enable_with_other_options_on_the_packs_copy_is_named_and_left_alone(pac
     enable() and the options now in force; switching the mode off then leaves the other code's patch on (it is
     not the pack's to undo); an open patched() block of other code is reported while the mode is on."""
     core, patch = mod("attention_core"), mod("attention_core.patch")
+    ew.set_mode("off")
+    assert not ew.state()["on"] and not ew.state()["options_from_block"]  # off: no block's options in force
     ew.set_mode("auto", 1024)
+    assert not ew.state()["options_from_block"]
     with core.patched(force=True, tier="online"):
         s = ew.state()
         assert s["on"] and s["options_from_block"]

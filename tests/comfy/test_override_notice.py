@@ -302,6 +302,11 @@ def test_custom_node_folder_is_the_pack_that_defines_the_function(pack, tmp_path
     assert notice.custom_node_folder(function_in(root / "lone_script.py")) is None
     assert notice.custom_node_folder(function_in(tmp_path / "elsewhere" / "x.py")) is None
     assert notice.describe(function_in(tmp_path / "elsewhere" / "x.py", "f")).startswith("module builtins: f")
+    # the deepest folder holding the file wins whatever order ComfyUI loaded the packs in
+    monkeypatch.setattr(nodes_module, "LOADED_MODULE_DIRS", {
+        "inner": str(root / "ComfyUI-SomePack" / "vendored" / "inner"),
+        "ComfyUI-SomePack": str(root / "ComfyUI-SomePack"), "other": str(root / "other")})
+    assert notice.custom_node_folder(function_in(root / "ComfyUI-SomePack" / "vendored" / "inner" / "a.py")) == "inner"
 
 
 def test_comfyui_installed_inside_a_pack_folder_is_still_comfyui(pack, tmp_path, monkeypatch):

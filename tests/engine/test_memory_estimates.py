@@ -4,7 +4,10 @@ Tiles are sized as budget / bytes-per-score, so an estimate below the real figur
 memory on the GPU) and one far above it makes tiles needlessly small (slow). The real figure is measured with
 LiveBytes (a dispatch mode that tracks every tensor's storage): the growth of the peak between 16-row and 256-row
 query tiles, divided by the growth in scores, leaves out what does not scale with the tile (inputs, outputs, K/V
-copies). Bound: real <= estimate + 0.25 (per-row vectors: row max, sum, output rows) and real >= estimate / 2.
+copies). Bound: real <= estimate + the per-row vectors (query and output rows, the online tier's accumulator and
+P V rows, row max and sums: at most 192 bytes a row at head dim 8, over the tile's keys) and real >= estimate / 2.
+fp16 tiles kept in fp16 are measured with inputs whose scores the overflow guard flags (every tile computed in fp32
+and cast back): the worst case the planner sizes them by.
 """
 import pytest
 import torch
@@ -19,9 +22,11 @@ DTYPES = [  # (input dtype, precision): fp32; half kept as half; fp16 computed i
     (torch.float32, "auto"), (torch.float16, "input"), (torch.bfloat16, "input"), (torch.float16, "auto")]
 
 
-def _inputs(dtype, mask):
+def _inputs(dtype, mask, guarded=False):
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, H, N, E, generator=g).to(dtype) for _ in range(3))
+    if guarded:  # |q| |k| scale ~ 300 x 300 x 8 / sqrt(8): past the guard's bound on every tile
+        q, k = q * 300, k * 300
     if mask == "float":
         am = torch.randn(1, 1, N, N, generator=g).to(dtype)
     elif mask == "bool":
@@ -49,7 +54,7 @@ def estimates(monkeypatch):
 @pytest.mark.parametrize("mask", [None, "float", "bool"], ids=["nomask", "floatmask", "boolmask"])
 @pytest.mark.parametrize("tier", ["chunked", "inplace", "online", "backward"])
 def test_bytes_per_score_bounds_what_the_tiles_hold(tier, mask, dropout, dtype, precision, estimates):
-    q, k, v, am = _inputs(dtype, mask)
+    q, k, v, am = _inputs(dtype, mask, guarded=dtype == torch.float16 and precision == "input")
     kw = dict(attn_mask=am, dropout_p=dropout, dropout_seed=1, precision=precision, flush_to_zero=True)
     block_kv = 512 if tier == "online" else N
     if tier == "backward":
@@ -66,5 +71,5 @@ def test_bytes_per_score_bounds_what_the_tiles_hold(tier, mask, dropout, dtype, 
     large = peak_bytes(run, LARGE)
     real = (large - small) / ((LARGE - SMALL) * H * block_kv)
     estimate = estimates[-1]
-    assert estimate / 2 <= real <= estimate + 0.25, (
+    assert estimate / 2 <= real <= estimate + max(0.25, 192 / block_kv), (
         f"{tier}: the tiles hold {real:.2f} bytes a score, the planner assumes {estimate}")

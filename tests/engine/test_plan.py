@@ -84,17 +84,18 @@ def test_memory_arithmetic_hand_computed():
 
 
 def test_pack_tiles_follow_the_planner_budget():
-    # chunked fp16 on a GPU: 8 bytes a score (fp32 guard), tile near 2^27 scores, all 24 heads
+    # chunked fp16 on a GPU: 10 bytes a score (S and P in fp32 under the guard, P cast to fp16), tile near 2^27
+    # scores, all 24 heads
     t = plan.pack_tile("chunked", 24, 1, 28520, 2, 22 * GB, cpu=False)
     assert t["heads"] == 24 and t["keys"] == 28520
-    assert t["bytes"] == 8 * 24 * t["rows"] * 28520 <= 8 * (1 << 27)
+    assert t["bytes"] == 10 * 24 * t["rows"] * 28520 <= 10 * (1 << 27)
     # a budget below one tall tile: fewer heads and rows, never over the budget
     small = plan.pack_tile("chunked", 24, 1, 28520, 2, 64 << 20, cpu=False)
     assert small["bytes"] <= 64 << 20 and small["rows"] * small["heads"] < t["rows"] * t["heads"]
     # online shrinks its key block until 16 rows fit; None below the floor
-    assert plan.pack_tile("online", 24, 1, 28520, 2, 16 * 16 * 12, cpu=False)["keys"] == 16
+    assert plan.pack_tile("online", 24, 1, 28520, 2, 16 * 16 * 6, cpu=False)["keys"] == 16
     assert plan.pack_tile("chunked", 24, 1, 28520, 2, 1000, cpu=False) is None
-    assert plan.pack_floor("chunked", 28520, 2) == 8 * 16 * 28520
+    assert plan.pack_floor("chunked", 28520, 2) == 10 * 16 * 28520
 
 
 def test_estimate_and_report():
@@ -277,20 +278,21 @@ def test_compute_dtype_rejects_unknown_names():
 
 
 def test_bytes_per_score_of_each_tier():
-    """chunked: scores + weights; inplace: one tile; online: a score + fp32 weights and cast; fp16 tiles are
-    counted at 4 bytes (the overflow guard may redo a tile in fp32), bf16 at 2."""
-    assert [plan.score_bytes(t, "fp32") for t in plan.TIERS] == [8, 4, 12]
-    assert [plan.score_bytes(t, "fp16") for t in plan.TIERS] == [8, 4, 12]
-    assert [plan.score_bytes(t, "bf16") for t in plan.TIERS] == [4, 2, 10]
-    assert [plan.tier_bytes_per_score(t, 2) for t in plan.TIERS] == [8, 4, 12]
-    assert [plan.tier_bytes_per_score(t, 4) for t in plan.TIERS] == [8, 4, 12]
+    """chunked: scores + weights (one buffer on the CPU); inplace: one tile; online: one key tile's scores and fp32
+    weights, or the weights and their cast; fp16 tiles the overflow guard redoes in fp32 hold fp32 scores and
+    their fp16 cast (6 bytes, 10 for chunked's two buffers), bf16 2 bytes a score (6 for online's fp32 weights)."""
+    assert [plan.score_bytes(t, "fp32") for t in plan.TIERS] == [8, 4, 4]
+    assert [plan.score_bytes(t, "fp16") for t in plan.TIERS] == [10, 6, 6]
+    assert [plan.score_bytes(t, "bf16") for t in plan.TIERS] == [4, 2, 6]
+    assert [plan.tier_bytes_per_score(t, 2) for t in plan.TIERS] == [10, 6, 6]
+    assert [plan.tier_bytes_per_score(t, 4) for t in plan.TIERS] == [8, 4, 4]
     # on the CPU the chunked tier's softmax overwrites its scores: one buffer
-    assert [plan.score_bytes(t, "fp32", cpu=True) for t in plan.TIERS] == [4, 4, 12]
-    assert [plan.tier_bytes_per_score(t, 2, cpu=True) for t in plan.TIERS] == [4, 4, 12]
-    assert [plan.tier_bytes_per_score(t, 8) for t in plan.TIERS] == [16, 8, 16]
+    assert [plan.score_bytes(t, "fp32", cpu=True) for t in plan.TIERS] == [4, 4, 4]
+    assert [plan.tier_bytes_per_score(t, 2, cpu=True) for t in plan.TIERS] == [6, 6, 6]
+    assert [plan.tier_bytes_per_score(t, 8) for t in plan.TIERS] == [16, 8, 8]
     with pytest.raises(ValueError, match="unknown tier 'flash'"):
         plan.tier_bytes_per_score("flash", 2)
-    assert plan.pack_floor("inplace", 1000, 2) == 4 * 16 * 1000 and plan.pack_floor("online", 1000, 2) == 12 * 16 * 16
+    assert plan.pack_floor("inplace", 1000, 2) == 6 * 16 * 1000 and plan.pack_floor("online", 1000, 2) == 6 * 16 * 16
 
 
 @pytest.mark.parametrize("batch,layout,dtype,compute,all_heads,copied", [
@@ -314,11 +316,11 @@ def test_overflow_guard_bytes():
     beside the tile (which holds 6 bytes a score in fp16 inplace: fp32 scores and P cast back to fp16)."""
     assert plan.guard_bytes(2, 8, 1000, 64, "fp16") == 4 * 2 * 8 * 1000 * 64
     assert plan.guard_bytes(2, 8, 1000, 64, "fp32") == 0 and plan.guard_bytes(2, 8, 1000, 64, "bf16") == 0
-    # 3 MB free: inplace takes 2 heads x 64 rows (sized at 4 bytes a score, held at 6: 3.3 MB), the guard's copy
-    # of 2 heads of K is 4 x 2 x 4,290 x 128 = 4.4 MB, alongside
+    # 3 MB free: inplace takes 1 head x 64 rows (sized and held at 6 bytes a score: 1.6 MB of the 2.1 MB budget),
+    # the guard's copy of that head of K is 4 x 4,290 x 128 = 2.2 MB, alongside
     t = plan.estimate("wan22-5b", 832, 480, 41, free=3 << 20)["tiers"]["inplace"]
-    assert (t["tile"]["heads"], t["tile"]["rows"], t["tile"]["bytes"]) == (2, 64, 6 * 2 * 64 * 4290)
-    assert t["guard"] == 4 * 2 * 4290 * 128
+    assert (t["tile"]["heads"], t["tile"]["rows"], t["tile"]["bytes"]) == (1, 64, 6 * 64 * 4290)
+    assert t["guard"] == 4 * 4290 * 128
     assert t["total"] == t["copies"] + t["group_out"] + t["guard"] + t["tile"]["bytes"] + t["rows"]
 
 
@@ -443,11 +445,12 @@ def test_time_report_reads_the_calibration_of_the_tiles_dtype(profdir, monkeypat
 
 
 def test_head_split_of_a_batch():
-    """Batch 2, 12 MB free on a GPU: chunked takes 2 of the 24 heads (64 rows); the call then holds both batch
+    """Batch 2, 16 MB free on a GPU: chunked takes 2 of the 24 heads (64 rows); the call then holds both batch
     items' K/V copies of those heads (2 x 2 x 2 x 4,290 x 128 x 2 B) and their own output with fp32 row
     statistics (2 x 2 x 4,290 x (128 x 2 + 8) B), the fp16 guard's fp32 copy of K (4 x 2 x 2 x 4,290 x 128 B),
-    the tile (sized at 8 bytes a score, held at 10) and its rows (plan.row_bytes); inplace takes a 4-head group."""
-    est = plan.estimate("wan22-5b", 832, 480, 41, free=12 << 20, batch=2)
+    the tile (10 bytes a score: S and P in fp32 under the guard, P cast to fp16) and its rows (plan.row_bytes);
+    inplace (6 bytes a score) takes a 3-head group."""
+    est = plan.estimate("wan22-5b", 832, 480, 41, free=16 << 20, batch=2)
     c = est["tiers"]["chunked"]
     assert c["tile"] == {"rows": 64, "keys": 4290, "heads": 2, "bytes": 10 * 2 * 2 * 64 * 4290}
     assert c["copies"] == 2 * 2 * 2 * 4290 * 128 * 2
@@ -455,8 +458,8 @@ def test_head_split_of_a_batch():
     assert c["guard"] == 4 * 2 * 2 * 4290 * 128 and c["rows"] == 2 * 2 * 64 * (14 * 128 + 32)
     assert c["total"] == c["copies"] + c["group_out"] + c["guard"] + c["tile"]["bytes"] + c["rows"]
     i = est["tiers"]["inplace"]
-    assert i["tile"]["heads"] == 4 and i["total"] == 2 * 2 * 4 * 4290 * 128 * 2 + 2 * 4 * 4290 * 264 + \
-        4 * 2 * 4 * 4290 * 128 + 6 * 2 * 4 * 64 * 4290 + 2 * 4 * 64 * (14 * 128 + 32)
+    assert i["tile"]["heads"] == 3 and i["total"] == 2 * 2 * 3 * 4290 * 128 * 2 + 2 * 3 * 4290 * 264 + \
+        4 * 2 * 3 * 4290 * 128 + 6 * 2 * 3 * 64 * 4290 + 2 * 3 * 64 * (14 * 128 + 32)
 
 
 def test_sub_quadratic_takes_each_listed_chunk():

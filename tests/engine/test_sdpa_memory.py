@@ -125,7 +125,7 @@ def test_plans_fit_the_budget():
         plan = plan_forward(p, num, tier, budget)
         assert plan.block_q * plan.block_h * 4096 * per <= budget
     plan = plan_forward(p, num, "online", 1 << 18)
-    assert plan is not None and plan.block_q * plan.block_kv * plan.block_h * 12 <= (1 << 18)
+    assert plan is not None and plan.block_q * plan.block_kv * plan.block_h * 4 <= (1 << 18)  # fp32: 4 a score
     assert plan_forward(p, num, "chunked", 1 << 18) is not None  # 16 rows x 4096 keys x 4 bytes = 256 KiB
     assert plan_forward(p, num, "chunked", (1 << 18) - 1) is None
 
@@ -163,6 +163,7 @@ def test_head_groups_exact_forward_backward_dropout(tier, monkeypatch):
         ref_out, ref_grads = reference_grads(q, k, v, dout, mask)
         small = {"cpu": 2 * 16 * 40, "other": 2 * 16 * 40}  # 2 batches x 16 rows x 40 keys: fewer than 6 heads
         monkeypatch.setattr(mem, "TARGET_TILE_ELEMS", small)
+        monkeypatch.setattr(mem, "ONLINE_TILE_ELEMS", small)  # online's own target
         monkeypatch.setattr(mem, "BACKWARD_TILE_ELEMS", small)  # the backward has its own target
         prob, num = normalize(q, k, v, mask), choose_numerics(torch.float64, q.device)
         assert plan_forward(prob, num, tier, 1 << 30).block_h < 6
@@ -178,5 +179,6 @@ def test_head_groups_exact_forward_backward_dropout(tier, monkeypatch):
     torch.manual_seed(7)
     split = sdpa(q.detach(), k.detach(), v.detach(), dropout_p=0.3, tier=tier, block_q=40)
     monkeypatch.setattr(mem, "TARGET_TILE_ELEMS", {"cpu": 2 * 16 * 40, "other": 2 * 16 * 40})
+    monkeypatch.setattr(mem, "ONLINE_TILE_ELEMS", {"cpu": 2 * 16 * 40, "other": 2 * 16 * 40})
     torch.manual_seed(7)
     assert torch.allclose(sdpa(q.detach(), k.detach(), v.detach(), dropout_p=0.3, tier=tier), split)

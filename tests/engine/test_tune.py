@@ -450,12 +450,12 @@ def as_typed(name: str) -> str:
 
 
 @pytest.mark.parametrize("tier", ["chunked", "inplace", "online"])
-@pytest.mark.parametrize("budget", [None, 40 * 2 ** 20, 480 * 2 ** 10, 100 * 2 ** 10])
+@pytest.mark.parametrize("budget", [None, 40 * 2 ** 20, 480 * 2 ** 10, 48 * 2 ** 10])
 def test_the_engine_tile_tune_compares_against_is_the_one_the_engine_plans(tier, budget, monkeypatch):
     """tune times the engine's own tile beside the candidates; it must be the tile the engine's planner
     (memory.plan_forward) really takes for those rows at that budget, every tier (only online may shrink its key
     block to fit; with no tile fitting, the fallback is the whole shape). 480 KB: chunked and in-place do not fit
-    8,192 keys, online does with a smaller key block; 100 KB: online only after halving its 1,024-key block."""
+    8,192 keys, online does with a smaller key block; 48 KB: online only after halving its 1,024-key block."""
     from attention_core.kernel.memory import plan_forward, tile_budget
     from attention_core.kernel.numerics import choose_numerics
     from attention_core.kernel.problem import normalize
@@ -471,7 +471,7 @@ def test_the_engine_tile_tune_compares_against_is_the_one_the_engine_plans(tier,
     assert got == want
     if budget is not None and budget <= 480 * 2 ** 10:
         assert (plan is None) == (tier != "online") and (tier != "online" or plan.block_kv < 4096)
-    if budget == 100 * 2 ** 10 and tier == "online":  # 16 rows x 1,024 keys x 12 bytes do not fit: 512 keys do
+    if budget == 48 * 2 ** 10 and tier == "online":  # 16 rows x 1,024 keys x 4 bytes do not fit: 512 keys do
         assert plan.block_kv == 512
 
 
@@ -633,8 +633,10 @@ def test_bytes_per_score_is_the_planners_for_every_tier_and_dtype():
             meta = normalize(*(torch.zeros(1, 2, 8, 4, dtype=dt, device="meta") for _ in range(3)))
             assert profiles.bytes_per_score(tier, dt, "meta") == memory.bytes_per_score(
                 tier, meta, choose_numerics(meta.dtype, meta.device)), (dt, tier, "meta")
-    assert [profiles.bytes_per_score(t, torch.float32) for t in ("chunked", "inplace", "online")] == [4, 4, 12]
-    assert [profiles.bytes_per_score(t, torch.float32, "cuda") for t in ("chunked", "inplace", "online")] == [8, 4, 12]
+    assert [profiles.bytes_per_score(t, torch.float32) for t in ("chunked", "inplace", "online")] == [4, 4, 4]
+    assert [profiles.bytes_per_score(t, torch.float32, "cuda") for t in ("chunked", "inplace", "online")] == [8, 4, 4]
+    assert [profiles.bytes_per_score(t, torch.float16, "cuda") for t in ("chunked", "inplace", "online")] == [10, 6, 6]
+    assert [profiles.bytes_per_score(t, torch.bfloat16, "cuda") for t in ("chunked", "inplace", "online")] == [8, 4, 6]
 
 
 def test_validate_profile_says_what_is_wrong_with_each_dropped_entry():

@@ -275,10 +275,6 @@ EQUIVALENT += [
      'where = "where this device needs it" if s["mode"] <= "auto" else f"on every device, tier {s[\'mode\']}"',
      'this branch runs with the mode on: s["mode"] is one of "auto", "chunked", "online", "inplace" (set_mode '
      'checks), none of which sorts before "auto", so `<= "auto"` holds for "auto" alone, like `==`'),
-    ("attention_core/cli/plan.py::score_bytes",
-     'return {"chunked": (1 if cpu else 2) * isz, "inplace": isz, "online": isz + 2 * 4}[tier]',
-     'return {"chunked": (1 if cpu else 2) * isz, "inplace": isz, "online": isz ^ 2 * 4}[tier]',
-     "isz is 2 or 4 (the line above), whose bits do not overlap 8's: isz ^ 8 == isz + 8"),
     ("attention_core/parallel/blocks.py::block_backward", "gqa = q.shape[1] != k.shape[1]",
      "gqa = q.shape[1] is not k.shape[1]",
      "head counts that differ are never the same object, so the mutant is True whenever the original is; it is "
@@ -448,8 +444,9 @@ EQUIVALENT += [
        "_patched_sdpa and config() never use a State's Config unless it is installed, and _refresh compares OFF "
        "only with itself, so its force and min_tokens are never read") for m in ("True, 0, {}", "False, 1, {}",
                                                                               "False, -1, {}")
-] + [("attention_core/cli/tune.py::engine_tile", 'shrink_kv=tier == "online", head_dim=dim)',
-       'shrink_kv=tier >= "online", head_dim=dim)',
+] + [("attention_core/cli/tune.py::engine_tile",
+       'shrink_kv=tier == "online", head_dim=dim, target=forward_target(tier, kind), forward=True)',
+       'shrink_kv=tier >= "online", head_dim=dim, target=forward_target(tier, kind), forward=True)',
        "the tiers are chunked, inplace and online, and only \"online\" sorts at or after \"online\"")
 ] + [("attention_core/cli/estimate.py::_interp", "if n0 <= n <= n1:", f"if n0 {op} n <= n1:",
        "n lies strictly inside the (distinct, sorted) measured token counts here, so the first pair with n <= n1 "
@@ -765,12 +762,28 @@ def baseline(tree: Path, module: str, tests, timeout: float, deselect=()):
     return failing, lines, time.time() - t0
 
 
-def covering_tests(m: "Mutant", lines: dict, deselect=()):
-    """Node ids (relative to tests/) of the tests that run the mutated line; [""] if only imports run it."""
+def import_time_lines(source: str) -> set:
+    """Line numbers (1-based) that run when the module is imported: every line outside a function's body (module
+    and class statements, decorators, def headers with their defaults). Coverage credits them to whichever test
+    happened to import the module first, so that test alone says nothing about who reads them."""
+    import ast
+    inside = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            inside.update(range(node.body[0].lineno, (node.end_lineno or node.body[-1].lineno) + 1))
+    return set(range(1, source.count("\n") + 2)) - inside
+
+
+def covering_tests(m: "Mutant", lines: dict, deselect=(), import_time=frozenset()):
+    """Node ids (relative to tests/) of the tests that run the mutated line; [""] if only imports run it. A line in
+    `import_time` (import_time_lines of its file) is run by every test that runs any line of the file."""
     per_line = lines.get(m.path, {})
     ids = set()
     for ln in {m.start_line, m.line}:
         ids |= per_line.get(ln, set())
+    if ids and {m.start_line, m.line} & set(import_time):
+        for covered in per_line.values():
+            ids |= covered
     ids = {i for i in ids if not any(i.startswith(d) for d in deselect)}
     if ids and ids <= {""}:
         return [""]
@@ -1007,7 +1020,8 @@ def run_module(tree: Path, module: str, ms: list, args, meta: dict, save):
         if m.outcome == "pending":
             tests = args.tests or tests_for(module, m.path, tree)
             if lines is not None and not m.path.startswith(SUBPROCESS_TESTED):
-                ids = covering_tests(m, lines, deselected[module])
+                ids = covering_tests(m, lines, deselected[module],
+                                     import_time_lines((tree / m.path).read_text(encoding="utf-8")))
                 if not ids and not any(m.path.startswith(prefix) for prefix, _ in BY_FILE):
                     m.outcome, m.why = "survived", "no test runs this line"
                 elif not ids:  # code coverage cannot see (traced by torch.compile): the file's tests

@@ -15,7 +15,7 @@ def forward(src: TileSource, block_q: int, block_kv: int, need_stats: bool) -> T
     p, num = src.p, src.num
     res = TileOutputs(p, num, need_stats)
     for i0, i1, kend, qt in query_tiles(src, block_q):
-        s = src.scores(qt, i0, i1, 0, kend)
+        s = src.scores(qt, i0, i1, 0, kend, slot=0)  # one buffer reused by every tile (TileSource.scratch)
         m = s.amax(-1, keepdim=True)
         s.sub_(safe_max(m))
         if num.ftz and s.dtype != torch.float16:  # fp16 weights flush by themselves (see numerics)
@@ -37,4 +37,5 @@ def forward(src: TileSource, block_q: int, block_kv: int, need_stats: bool) -> T
         if p.dropout_p > 0:
             o = o * (1.0 / (1.0 - p.dropout_p))
         res.store(i0, i1, src.unscale(o), m, torch.log(l) if need_stats else None)
+        del o  # the next tile's P V product must not find this one still alive
     return res

@@ -3,7 +3,8 @@
 For each query tile, over key tiles j (fp32 statistics):
     m_j = max(m_{j-1}, rowmax S_j)      P_j = exp(S_j - m_j)       a = exp(m_{j-1} - m_j)
     l_j = a l_{j-1} + rowsum P_j        O_j = a O_{j-1} + P_j V_j
-then O = O_last / l_last and L = m + log l. Memory beyond inputs and output: O(block_q * block_kv).
+then O = O_last / l_last and L = m + log l. Memory beyond inputs and output: O(block_q * block_kv), one key tile's
+scores or weights at a time (memory.tile_bytes_per_score).
 Flush-to-zero here is relative to the running max (as in llama.cpp's kernels).
 """
 from __future__ import annotations
@@ -42,6 +43,7 @@ def forward(src: TileSource, block_q: int, block_kv: int, need_stats: bool) -> T
             pv = matmul(w.view(p.B, p.Hkv, rows, j1 - j0).to(pv_dtype), src.value(j0, j1, pv_dtype))
             acc.mul_(alpha).add_(pv.view(p.B, p.Hkv, p.G, bq, p.Ev))
             m = m_new
+            del w, pv  # let this key tile's weights go before the next tile's scores are computed
         l_safe = torch.where(l == 0, torch.ones_like(l), l)
         o = acc.div_(l_safe)
         if p.dropout_p > 0:
