@@ -28,7 +28,10 @@ def forward(src: TileSource, block_q: int, block_kv: int, need_stats: bool) -> T
         acc = torch.zeros(p.B, p.Hkv, p.G, bq, p.Ev, dtype=st, device=p.device)
         for j0 in range(0, kend, block_kv):
             j1 = min(kend, j0 + block_kv)
-            s = src.scores(qt, i0, i1, j0, j1)
+            # fp32 / fp64 tiles: one score buffer reused by every tile (TileSource.scratch: no fresh pages per tile
+            # on the CPU), the weights written over it; half tiles: fresh tensors, each let go before the next
+            # (scores, then their fp32 weights, then the cast for P V: memory.tile_bytes_per_score)
+            s = src.scores(qt, i0, i1, j0, j1, slot=0 if qt.dtype == st else None)
             m_new = torch.maximum(m, s.amax(-1, keepdim=True).to(st))
             ms = safe_max(m_new)
             w = (s.to(st) if s.dtype != st else s).sub_(ms)  # weights overwrite the score tile where dtypes agree
@@ -40,7 +43,8 @@ def forward(src: TileSource, block_q: int, block_kv: int, need_stats: bool) -> T
             l.mul_(alpha).add_(w.sum(-1, keepdim=True))
             if p.dropout_p > 0:
                 w.masked_fill_(~src.keep(i0, i1, j0, j1), 0.0)
-            pv = matmul(w.view(p.B, p.Hkv, rows, j1 - j0).to(pv_dtype), src.value(j0, j1, pv_dtype))
+            pv = matmul(w.view(p.B, p.Hkv, rows, j1 - j0).to(pv_dtype), src.value(j0, j1, pv_dtype),
+                        out=src.scratch(2, (p.B, p.Hkv, rows, p.Ev), pv_dtype))
             acc.mul_(alpha).add_(pv.view(p.B, p.Hkv, p.G, bq, p.Ev))
             m = m_new
             del w, pv  # let this key tile's weights go before the next tile's scores are computed
