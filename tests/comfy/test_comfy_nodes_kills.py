@@ -541,6 +541,19 @@ def test_the_environment_is_applied_by_the_first_call_of_a_fresh_process(adapter
         assert not caplog.records, caplog.text  # once per process
 
 
+@pytest.mark.parametrize("bad", [True, False, 3.5, -1, "7", None])
+def test_set_mode_refuses_a_min_tokens_that_is_not_a_whole_number_and_changes_nothing(adapter, bad):
+    """min_tokens must be an int >= 0 (a bool is not one, though Python counts it as an int): anything else is a
+    ValueError naming the node and the value, and the mode stays as it was."""
+    from tiled_attention_pack.nodes import everywhere
+    before = everywhere.state()
+    with pytest.raises(ValueError, match=r"Tiled Attention Everywhere: min_tokens must be a whole number >= 0, got "):
+        everywhere.set_mode("chunked", bad)
+    after = everywhere.state()
+    assert {k: after[k] for k in ("mode", "set", "min_tokens", "on")} == \
+        {k: before[k] for k in ("mode", "set", "min_tokens", "on")}
+
+
 def test_an_invalid_value_is_echoed_to_forty_characters(adapter):
     """everywhere.shown echoes at most SHOWN_CHARS = 40 characters of a value, then says how long it was."""
     from tiled_attention_pack.nodes import everywhere
