@@ -573,6 +573,58 @@ def test_patch_settings_stats_has_two_keys_only(adapter):
         assert key not in stats and stats.get(key) is None
 
 
+def test_settings_compare_by_their_options_not_by_their_counts(adapter):
+    """Two Patch Attention settings with the same options are equal whatever each has counted (a count is a
+    record of calls, not an option: ComfyUI compares model options to decide what to re-run)."""
+    a, b = adapter.PatchSettings(mode="chunked"), adapter.PatchSettings(mode="chunked")
+    a.counted["engine"] += 3
+    a.counted["passthrough"] += 1
+    assert a == b and a.count_key != b.count_key
+    assert a != adapter.PatchSettings(mode="online")
+
+
+def test_auto_asks_the_device_whatever_string_object_holds_the_mode(adapter, monkeypatch):
+    """The mode from a workflow is a string read from JSON, not the literal "auto" of the code: auto is recognised
+    by value (a device with fused attention then keeps ComfyUI's attention)."""
+    mode = "".join(["au", "to"])
+    assert mode == "auto" and mode is not "auto"  # noqa: F632  (the point: equal, not the same object)
+    asked = []
+    monkeypatch.setattr(adapter, "_needs_tiled_attention", lambda device: asked.append(device) or False)
+    q = torch.zeros(1, 2, 4)
+    assert adapter.wants_engine(adapter.PatchSettings(mode=mode), q, 4096, 4096) is False
+    assert asked == [q.device]
+
+
+def test_only_the_innermost_modules_that_take_the_parameter_are_routed(adapter):
+    """leaf_modules_with_parameter: a root (name "") or block whose forward takes the parameter only to pass it
+    down is left out when a submodule takes it too; a root that alone takes it is the one."""
+    from tiled_attention_pack.nodes import object_routes
+
+    class Attn(torch.nn.Module):
+        def forward(self, x, transformer_options=None):
+            return x
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = Attn()
+
+        def forward(self, x, transformer_options=None):
+            return self.attn(x, transformer_options)
+
+    class Root(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList([Block(), Block()])
+
+        def forward(self, x, transformer_options=None):
+            return x
+
+    found = object_routes.leaf_modules_with_parameter(Root(), "transformer_options")
+    assert found == ["blocks.0.attn", "blocks.1.attn"], found
+    assert object_routes.leaf_modules_with_parameter(Attn(), "transformer_options") == [""]
+
+
 def test_the_heads_error_for_zero_heads_asks_for_one(adapter):
     """heads=0 is not 'a width that is not a multiple of 0': the error says there must be at least one head."""
     fn = adapter.make_override(adapter.PatchSettings(mode="chunked"))
