@@ -153,12 +153,12 @@ def tokens(model: ModelSpec, width: int, height: int, frames: int) -> int:
 
 
 def tier_bytes_per_score(tier: str, elem: int, cpu: bool = False) -> int:
-    """Transient bytes per score of one tile (attention_core.kernel.memory.tile_bytes_per_score, no mask or dropout)
+    """Transient bytes per score of one tile (attention_core.device.tile_bytes.tile_bytes_per_score, no mask or dropout)
     for inputs of `elem` bytes computed as they are; half precision is taken as fp16, whose overflow guard may
     recompute a tile in fp32 (the costlier half)."""
     if tier not in TIERS:
         raise ValueError(f"unknown tier {tier!r}; choose from {TIERS}")
-    from ..kernel.memory import tile_bytes_per_score
+    from ..device.tile_bytes import tile_bytes_per_score
     return tile_bytes_per_score(tier, elem, elem == 2, "cpu" if cpu else "other")
 
 
@@ -184,9 +184,9 @@ def compute_dtype(dtype: str, cpu: bool, precision: str = "auto") -> str:
 
 def score_bytes(tier: str, compute: str, cpu: bool = False) -> int:
     """Bytes per score one tile holds at its peak when the tiles compute in `compute`, and what the engine sizes its
-    tiles by (attention_core.kernel.memory.tile_bytes_per_score without mask or dropout: fp16 tiles the overflow
+    tiles by (attention_core.device.tile_bytes.tile_bytes_per_score without mask or dropout: fp16 tiles the overflow
     guard flags hold fp32 scores and their fp16 cast; chunked S and P share one buffer on the CPU)."""
-    from ..kernel.memory import tile_bytes_per_score
+    from ..device.tile_bytes import tile_bytes_per_score
     return tile_bytes_per_score(tier, DTYPE_BYTES[compute], compute == "fp16", "cpu" if cpu else "other")
 
 

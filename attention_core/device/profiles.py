@@ -29,6 +29,7 @@ from typing import Optional, Tuple
 
 from .jsonfile import atomic_write_json, load_json_validated
 from .machine_load import load_problem
+from .tile_bytes import tile_bytes_per_score
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +206,6 @@ def bytes_per_score(tier: str, dtype, device="cpu") -> int:
     computes half inputs in fp32 (numerics' "auto"); elsewhere fp16 stays fp16 (with its overflow guard) and bf16
     may compute in bf16 or fp32, counted at the larger of the two."""
     import torch
-    from ..kernel.memory import tile_bytes_per_score  # here, not at import: the kernel's driver imports this module
     name = _dtype_name(dtype)
     kind = "cpu" if torch.device(device).type == "cpu" else "other"
     tier = tier if tier in ("chunked", "inplace") else "online"

@@ -12,6 +12,7 @@ from typing import Optional
 
 import torch
 
+from ..device.tile_bytes import CHUNKED_SCORE_BUFFERS, tile_bytes_per_score  # noqa: F401  (re-exported)
 from .numerics import Numerics
 from .problem import AttentionProblem
 
@@ -38,8 +39,6 @@ HEAD_CAP_MAX_DIM = 64
 # as 2^22 and faster than 2^23 quiet (docs/bench-tiles-cpu.md); fwd + bwd at N=2048, 8 heads stays within 15 % of
 # math SDPA's peak RSS (LiveBytes test)
 BACKWARD_TILE_ELEMS = {"cpu": 1 << 21, "other": 1 << 27}
-# score-sized buffers of a chunked tile: S and P, one buffer on the CPU where P overwrites S (tiers.chunked)
-CHUNKED_SCORE_BUFFERS = {"cpu": 1, "other": 2}
 ONLINE_BLOCK_KV = {"cpu": 1024, "other": 4096}
 # score elements per online tile (bq x bk): a quarter of the full-row tiers' target on the CPU, a 32nd elsewhere
 # (half precision there: online's weights are fp32, 3x the bytes of an fp16 score), so that at the default tile
@@ -111,29 +110,6 @@ def tile_budget(device: torch.device, memory_budget: Optional[int] = None) -> in
     if free is None:
         free = 4 << 30
     return int(free * FREE_FRACTION[_kind(device)])
-
-
-def tile_bytes_per_score(tier: str, compute_bytes: int, fp16: bool, kind: str) -> int:
-    """Bytes per score element one forward tile of `tier` holds at its peak (attention_core/kernel/tiers/*.py),
-    without mask or dropout, for tiles computed in a dtype of `compute_bytes` bytes (fp16: True when that is fp16,
-    whose overflow guard scores a flagged tile in fp32). Row statistics are fp32 (fp64 for fp64 tiles).
-      chunked  S (and P beside it on a GPU: CHUNKED_SCORE_BUFFERS) in the score dtype, plus P cast back to fp16 for
-               the P V GEMM when the guard scored it in fp32
-      inplace  S in the score dtype, plus that cast
-      online   the scores with their fp32 weights beside them (computed from half scores), or the fp32 weights with
-               their cast to the compute dtype for the P V GEMM: max of the two (the previous key tile is let go)"""
-    cs = compute_bytes
-    st = 8 if cs == 8 else 4
-    ss = 4 if fp16 else cs  # score tile: an fp16 tile the overflow guard flags is scored in fp32
-    cast = cs if ss != cs else 0
-    if tier == "chunked":
-        return CHUNKED_SCORE_BUFFERS[kind] * ss + cast
-    if tier == "inplace":
-        return ss + cast
-    if tier == "online":
-        weights = (lambda score: score + (st if score != st else 0))
-        return max(weights(cs), weights(ss), st + (cs if cs != st else 0))
-    raise ValueError(f"unknown tier {tier!r}; choose from chunked, inplace, online")
 
 
 def bytes_per_score(tier: str, p: AttentionProblem, num: Numerics, backward: bool = False) -> int:

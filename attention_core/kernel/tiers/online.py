@@ -4,7 +4,7 @@ For each query tile, over key tiles j (fp32 statistics):
     m_j = max(m_{j-1}, rowmax S_j)      P_j = exp(S_j - m_j)       a = exp(m_{j-1} - m_j)
     l_j = a l_{j-1} + rowsum P_j        O_j = a O_{j-1} + P_j V_j
 then O = O_last / l_last and L = m + log l. Memory beyond inputs and output: O(block_q * block_kv), one key tile's
-scores or weights at a time (memory.tile_bytes_per_score).
+scores or weights at a time (device.tile_bytes).
 Flush-to-zero here is relative to the running max (as in llama.cpp's kernels).
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ def forward(src: TileSource, block_q: int, block_kv: int, need_stats: bool) -> T
             j1 = min(kend, j0 + block_kv)
             # fp32 / fp64 tiles: one score buffer reused by every tile (TileSource.scratch: no fresh pages per tile
             # on the CPU), the weights written over it; half tiles: fresh tensors, each let go before the next
-            # (scores, then their fp32 weights, then the cast for P V: memory.tile_bytes_per_score)
+            # (scores, then their fp32 weights, then the cast for P V: device.tile_bytes)
             s = src.scores(qt, i0, i1, j0, j1, slot=0 if qt.dtype == st else None)
             m_new = torch.maximum(m, s.amax(-1, keepdim=True).to(st))
             ms = safe_max(m_new)
