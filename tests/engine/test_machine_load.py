@@ -69,6 +69,9 @@ def _spinners(n, detached=False):
             "while time.time() < end:\n    pass\n") % detached
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(n)]
     pids = [int(p.stdout.readline()) for p in procs]
+    if detached:  # the spinner can print before its parent has exited: wait for that exit (it re-parents the spinner)
+        for p in procs:
+            p.wait(timeout=60)
 
     def stop():
         for pid in pids:
