@@ -271,16 +271,13 @@ def comfy_split(bh: int, n: int, elem: int, free: int) -> dict:
 
 def pack_tile(tier: str, bh_kv: int, g: int, n: int, elem: int, budget: int, cpu: bool,
               per: Optional[int] = None, head_dim: Optional[int] = None) -> Optional[dict]:
-    """The tile the pack's planner takes for `tier` within `budget` bytes: attention_core.kernel.memory.tile_for, the
+    """The tile the pack's planner takes for `tier` within `budget` bytes: attention_core.kernel.memory.forward_tile, the
     engine's own rule (about TARGET_TILE_ELEMS scores, ONLINE_TILE_ELEMS for online, all heads when that leaves >= PREF_ROWS rows each, else
     fewer heads; heads of `head_dim` <= HEAD_CAP_MAX_DIM dims capped per head); None when not even MIN_BLOCK rows
     fit."""
-    from ..kernel.memory import ONLINE_BLOCK_KV, forward_target, tile_for
-    kind = "cpu" if cpu else "other"
+    from ..kernel.memory import forward_tile
     per = per or tier_bytes_per_score(tier, elem, cpu)
-    bk = n if tier != "online" else min(n, ONLINE_BLOCK_KV[kind])
-    t = tile_for(n, bh_kv, g, per, budget, bk, kind, shrink_kv=tier == "online", head_dim=head_dim,
-                 target=forward_target(tier, kind), forward=True)
+    t = forward_tile(n, bh_kv, g, per, budget, n, "cpu" if cpu else "other", tier, head_dim=head_dim)
     if t is None:
         return None
     rows, bk, heads = t

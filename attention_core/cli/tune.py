@@ -30,7 +30,7 @@ import time
 
 from ..device import machine_load
 from ..device.sync import synchronize
-from ..kernel.memory import ONLINE_BLOCK_KV, forward_target, tile_budget, tile_for
+from ..kernel.memory import ONLINE_BLOCK_KV, forward_tile, tile_budget
 from ..kernel.oom import is_oom, release_cached
 from ..device.profiles import (PROFILE_VERSION, _device_name, bytes_per_score, profile_dir, profile_name, profile_path,
                        save_profile, tuned_blocks_for)
@@ -103,10 +103,9 @@ def engine_tile(heads, n, rows, dtype, device, tier, dim=None):
     `dim` dims: memory.tile_for's head cap depends on it)."""
     import torch
     kind = "cpu" if torch.device(device).type == "cpu" else "other"
-    bk = n if tier != "online" else min(n, ONLINE_BLOCK_KV[kind])
-    t = tile_for(rows, heads, 1, bytes_per_score(tier, dtype, device), tile_budget(torch.device(device)), bk, kind,
-                 shrink_kv=tier == "online", head_dim=dim, target=forward_target(tier, kind), forward=True)
-    return t if t is not None else (rows, bk, heads)
+    t = forward_tile(rows, heads, 1, bytes_per_score(tier, dtype, device), tile_budget(torch.device(device)), n, kind,
+                     tier, head_dim=dim)
+    return t if t is not None else (rows, n if tier != "online" else min(n, ONLINE_BLOCK_KV[kind]), heads)
 
 
 def choose(timed, tolerance=TOLERANCE):

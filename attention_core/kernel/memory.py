@@ -127,9 +127,16 @@ def bytes_per_score(tier: str, p: AttentionProblem, num: Numerics, backward: boo
     return tile_bytes_per_score(tier, cs, num.compute == torch.float16, _kind(p.device)) + extra
 
 
-def forward_target(tier: str, kind: str) -> int:
-    """Score elements a forward tile of `tier` aims at: ONLINE_TILE_ELEMS for online, else TARGET_TILE_ELEMS."""
-    return (ONLINE_TILE_ELEMS if tier == "online" else TARGET_TILE_ELEMS)[kind]
+def forward_tile(lq: int, hkv: int, pairs_per_row: int, per: int, budget: int, keys: int, kind: str, tier: str,
+                 block_q=None, block_kv=None, head_dim: Optional[int] = None):
+    """tile_for of a forward tile of `tier` over `keys` keys: chunked and inplace take full key rows; online takes
+    block_kv keys (default: at most ONLINE_BLOCK_KV, halved until MIN_BLOCK rows fit) and aims at
+    ONLINE_TILE_ELEMS scores. The one rule the engine (plan_forward), `plan` and `tune` size forward tiles by."""
+    if tier in ("chunked", "inplace"):
+        return tile_for(lq, hkv, pairs_per_row, per, budget, max(1, keys), kind, block_q, head_dim=head_dim)
+    bk = block_kv or min(max(1, keys), ONLINE_BLOCK_KV[kind])
+    return tile_for(lq, hkv, pairs_per_row, per, budget, bk, kind, block_q, shrink_kv=block_kv is None,
+                    target=ONLINE_TILE_ELEMS[kind], head_dim=head_dim, forward=True)
 
 
 def _round(b: int) -> int:
@@ -146,7 +153,7 @@ def tile_for(lq: int, hkv: int, pairs_per_row: int, per: int, budget: int, bk: i
     TARGET_TILE_ELEMS[kind] and the budget allow, all heads when that leaves PREF_ROWS rows per head, else fewer
     heads with more rows, and (forward, heads of `head_dim` <= HEAD_CAP_MAX_DIM) no more than HEAD_TILE_ELEMS[kind]
     scores a head where that leaves PREF_ROWS rows. `target`: another number of scores to aim for (the online
-    tier's, forward_target; the backward's). forward: whether the head cap applies (default: only without a
+    tier's: forward_tile; the backward's). forward: whether the head cap applies (default: only without a
     target, i.e. not for the backward). head_dim None: unknown, no cap."""
     lq, hkv = max(1, lq), max(1, hkv)
     forward = target is None if forward is None else forward
@@ -172,21 +179,15 @@ def tile_for(lq: int, hkv: int, pairs_per_row: int, per: int, budget: int, bk: i
         bk = max(MIN_BLOCK, bk // 2)
 
 
-def _tile(p: AttentionProblem, per: int, budget: int, bk: int, block_q, shrink_kv: bool, target=None, forward=None):
-    return tile_for(p.Lq, p.Hkv, p.B * p.G, per, budget, bk, _kind(p.device), block_q, shrink_kv, target, p.E,
-                    forward)
+def _tile(p: AttentionProblem, per: int, budget: int, bk: int, block_q, shrink_kv: bool, target=None):
+    return tile_for(p.Lq, p.Hkv, p.B * p.G, per, budget, bk, _kind(p.device), block_q, shrink_kv, target, p.E)
 
 
 def plan_forward(p: AttentionProblem, num: Numerics, tier: str, budget: int, block_q=None,
                  block_kv=None) -> Optional[Plan]:
     """The tile for `tier` within `budget` bytes, honouring user block sizes; None if MIN_BLOCK rows do not fit."""
-    per = bytes_per_score(tier, p, num)
-    if tier in ("chunked", "inplace"):
-        t = _tile(p, per, budget, max(1, p.Lk), block_q, shrink_kv=False)
-    else:
-        bk = block_kv or min(max(1, p.Lk), ONLINE_BLOCK_KV[_kind(p.device)])
-        t = _tile(p, per, budget, bk, block_q, shrink_kv=block_kv is None, target=forward_target(tier, _kind(p.device)),
-                  forward=True)
+    t = forward_tile(p.Lq, p.Hkv, p.B * p.G, bytes_per_score(tier, p, num), budget, p.Lk, _kind(p.device), tier,
+                     block_q, block_kv, p.E)
     return None if t is None else Plan(tier, *t)
 
 

@@ -444,10 +444,6 @@ EQUIVALENT += [
        "_patched_sdpa and config() never use a State's Config unless it is installed, and _refresh compares OFF "
        "only with itself, so its force and min_tokens are never read") for m in ("True, 0, {}", "False, 1, {}",
                                                                               "False, -1, {}")
-] + [("attention_core/cli/tune.py::engine_tile",
-       'shrink_kv=tier == "online", head_dim=dim, target=forward_target(tier, kind), forward=True)',
-       'shrink_kv=tier >= "online", head_dim=dim, target=forward_target(tier, kind), forward=True)',
-       "the tiers are chunked, inplace and online, and only \"online\" sorts at or after \"online\"")
 ] + [("attention_core/cli/estimate.py::_interp", "if n0 <= n <= n1:", f"if n0 {op} n <= n1:",
        "n lies strictly inside the (distinct, sorted) measured token counts here, so the first pair with n <= n1 "
        "has n0 < n: the left test is true in the original and the mutant alike") for op in ("!=", "<", "is not")
