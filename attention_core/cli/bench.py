@@ -25,7 +25,8 @@ importable the peers noflash-attention 1.0.1 (its tier functions, called directl
 Memory is measured honestly: on the CPU every case runs in a fresh process whose peak-RSS mark (VmHWM, the
 per-process ru_maxrss) is reset once its inputs exist, and reports the peak's growth over that RSS; on a GPU,
 torch.cuda.max_memory_allocated over the allocated baseline.
-Cases run with OMP_WAIT_POLICY=PASSIVE unless set (the same for every method; see cli/bench_run.py).
+Cases run with OMP_WAIT_POLICY=PASSIVE unless set or --omp-wait-policy says otherwise (the same for every method;
+see cli/bench_run.py).
 Errors are against torch's math SDPA in float64 (or this engine's chunked tier in float64 when the float64
 score matrix would not fit, marked "ref=tiled64").
 Every case's line names the load it ran at: other processes' runnable threads while it ran ("others", sampled by
@@ -42,6 +43,7 @@ import sys
 from ..device import machine_load
 from . import bench_presets, bench_report, bench_run, cli_args
 from .bench_methods import METHODS, QUICK_METHODS
+from .bench_run import OMP_WAIT_POLICIES
 from .plan import PRESETS
 
 
@@ -92,6 +94,10 @@ def parser(model_presets):
     ap.add_argument("--no-ref", action="store_true", help="skip the float64 reference (no error column)")
     ap.add_argument("--threads", type=cli_args.int_range(0, 1024), default=0,
                     help="torch threads per case (0: torch's default)")
+    ap.add_argument("--omp-wait-policy", choices=OMP_WAIT_POLICIES, default=None,
+                    help="OpenMP's wait policy in every case's process: passive (the default unless "
+                         "$OMP_WAIT_POLICY is set: steadiest on small shared VMs), active, or default (the variable "
+                         "removed: OpenMP's own spin-then-sleep, what ComfyUI runs with unless you set it)")
     ap.add_argument("--timeout", type=cli_args.int_range(1, 7 * 86400), default=900, help="seconds per case")
     ap.add_argument("--comfyui", type=cli_args.comfyui_folder, default=default_comfyui(),
                     help="ComfyUI folder for its attention (default: "

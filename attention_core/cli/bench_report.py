@@ -138,7 +138,8 @@ def finish(rows, info, json_path, plot):
         if t:
             print(t)
     print(f"\nmeasured at: {machine_load.describe(load)} (load average {info['load_start']} at the start, "
-          f"{info['load_end']} at the end)")
+          f"{info['load_end']} at the end)" + (f", OMP_WAIT_POLICY {info['omp_wait_policy']}"
+                                                if info.get("omp_wait_policy") else ""))
     if json_path or plot:
         refused = machine_load.refusal(load, " / ".join(f for f, v in (("--json", json_path), ("--plot", plot))
                                                          if v))

@@ -161,13 +161,32 @@ def make_reference(case, path):
 
 
 # ------------------------------------------------------------------------------------------------ driver
+OMP_WAIT_POLICIES = ("passive", "active", "default")
+
+
+def child_env(root: str, omp_wait_policy=None) -> dict:
+    """The environment a case's fresh process runs in: ours, `root` first on PYTHONPATH, and OpenMP's wait policy.
+
+    omp_wait_policy None: $OMP_WAIT_POLICY when set, else PASSIVE (torch's OpenMP pool spins between ops by default;
+    on small shared VMs (2 vCPUs) spinning workers starve the main thread and make timings bimodal, 10x swings run
+    to run); "passive" / "active": that policy; "default": the variable removed, so OpenMP's own default runs (spin a
+    while, then sleep: what a process started without it, ComfyUI's included, gets). Every method runs with the same."""
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if omp_wait_policy is None:
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    elif omp_wait_policy == "default":
+        env.pop("OMP_WAIT_POLICY", None)
+    elif omp_wait_policy in OMP_WAIT_POLICIES:
+        env["OMP_WAIT_POLICY"] = omp_wait_policy.upper()
+    else:
+        raise ValueError(f"omp_wait_policy {omp_wait_policy!r}: expected one of {', '.join(OMP_WAIT_POLICIES)}")
+    return env
+
+
 def _run_in_subprocess(case, timeout):
     cmd = [sys.executable, "-m", "attention_core.bench", "--case", json.dumps(case)]
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    # torch's OpenMP pool spins between ops by default; on small shared VMs (2 vCPUs) spinning workers starve the
-    # main thread and make timings bimodal (10x swings run to run). Every method runs with the same setting.
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    env = child_env(root, case.get("omp_wait_policy"))
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=root)
     except subprocess.TimeoutExpired:
@@ -224,16 +243,19 @@ def sweep(a, device, methods, argv):
     info = {"device": device, "dtype": a.dtype, "torch": torch.__version__,
             "threads": a.threads or torch.get_num_threads(), "batch": a.batch, "preset": a.preset,
             "command": "python -m attention_core.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "comfyui": a.comfyui, "load_start": _load()}
+            "comfyui": a.comfyui, "load_start": _load(),
+            "omp_wait_policy": child_env("", a.omp_wait_policy).get("OMP_WAIT_POLICY", "unset (OpenMP's default)")}
     if device.startswith("cuda"):
         info["gpu"] = torch.cuda.get_device_name(torch.device(device))
     print(f"# attention benchmark on {device} ({info.get('gpu', 'CPU')}), {a.dtype}, B={a.batch}, "
-          f"torch {torch.__version__}, ComfyUI from {a.comfyui}, load {info['load_start']}", flush=True)
+          f"torch {torch.__version__}, ComfyUI from {a.comfyui}, OMP_WAIT_POLICY {info['omp_wait_policy']}, "
+          f"load {info['load_start']}", flush=True)
     monitor = machine_load.Monitor(force=a.force_busy)
     with tempfile.TemporaryDirectory() as tmp, monitor:
         for mode, n, heads, dim, dtype, preset in build_plan(a):
             case = dict(mode=mode, n=n, heads=heads, dim=dim, batch=a.batch, dtype=dtype, device=device, seed=n,
-                        repeats=1 if a.quick else repeats + 1, threads=a.threads, comfyui=a.comfyui, preset=preset)
+                        repeats=1 if a.quick else repeats + 1, threads=a.threads, comfyui=a.comfyui, preset=preset,
+                        omp_wait_policy=a.omp_wait_policy)
             if a.no_ref or (a.quick and n > 8192):
                 case["ref"], kind = None, "none"
             else:

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from ..bench_run import _peak_rss, _reset_peak_rss, _rss  # the main benchmark's peak-memory readers
+from ..bench_run import _peak_rss, _reset_peak_rss, _rss, child_env  # the main benchmark's memory readers, child env
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -70,8 +70,7 @@ def child_main(run_case, argv=None) -> int:
 def run_in_process(module: str, case: dict, timeout: float) -> dict:
     """`python -m module --case JSON` in a fresh process: its last JSON line, or an error row."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    env = child_env(root)
     try:
         p = subprocess.run([sys.executable, "-m", module, "--case", json.dumps(case)], capture_output=True, text=True,
                            timeout=timeout, env=env, cwd=root)
