@@ -105,3 +105,56 @@ def test_sampling_warning_names_the_pack(pack, wan, pack_fns, kind, caplog):
     assert "replaced by custom node 'ComfyUI-PackD': attention_override, which now answers" in warned[0], warned[0]
     assert "functools" not in warned[0] and "torch" not in warned[0].split("replaced by")[1].split(",")[0]
     notice._latest["notice"] = None
+
+
+def test_a_packs_function_is_named_whatever_its_qualified_name_says(pack, tmp_path):
+    """Only ComfyUI's own comfy.model_patcher closure is read as ModelAttentionBackend's: a pack's function with
+    that closure's qualified name (from a module whose name sorts after comfy.model_patcher) is the pack's."""
+    notice = mod("nodes.override_notice")
+    fn = pack_function(tmp_path / "custom_nodes" / "ZPack" / "attention.py")
+    fn.__qualname__ = notice.MAB_QUALNAME
+    fn.__module__ = "zpack.attention"
+    assert notice.describe(fn) == f"custom node 'ZPack': {notice.MAB_QUALNAME}"
+
+
+def test_wrappers_are_looked_through_eight_levels_deep_and_no_deeper(pack, pack_fns):
+    """defining() unwraps at most 8 levels: eight nested partials name the pack, a ninth leaves a partial.
+    (Each level gets an attribute: functools.partial flattens a partial of a partial without one into one.)"""
+    notice = mod("nodes.override_notice")
+    fn, _ = pack_fns
+
+    def wrap(f, level):
+        p = functools.partial(f)
+        p.level = level
+        return p
+    nested = fn
+    for level in range(8):
+        nested = wrap(nested, level)
+    assert nested.func.func is not fn  # really nested
+    assert notice.defining(nested) is fn
+    assert notice.describe(nested) == "custom node 'ComfyUI-PackD': attention_override"
+    deeper = wrap(nested, 8)
+    left = notice.defining(deeper)
+    assert isinstance(left, functools.partial) and left.func is fn  # the ninth level, not walked
+
+
+def test_info_lines_are_not_kept_as_the_latest_notice(pack, pack_fns, monkeypatch):
+    """The chain rule and a wrapping pack are info lines: logged, never the notice Attention Info reports; only a
+    replaced override (the warning) is kept."""
+    import types
+    notice = mod("nodes.override_notice")
+    monkeypatch.setitem(notice._latest, "notice", None)
+    monkeypatch.setattr(notice, "current_prompt_id", lambda: None)  # outside a prompt: every line is said
+
+    def expected(*a, **k):
+        return None
+
+    def other_patch(*a, **k):
+        return None
+    setattr(other_patch, notice.MARK, types.SimpleNamespace(node="Patch Attention", mode="online"))
+    fn, _ = pack_fns
+    assert notice.check(other_patch, expected, "Patch Attention") == "other patch"
+    assert notice.check(functools.partial(fn, expected), expected, "Patch Attention") == "wrapped"
+    assert notice.latest() is None
+    assert notice.check(fn, expected, "Patch Attention") == "not in force"
+    assert notice.latest() is not None and "ComfyUI-PackD" in notice.latest().text

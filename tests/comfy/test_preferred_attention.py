@@ -127,3 +127,19 @@ def test_nothing_to_route_in_a_comfyui_without_per_layer_attention(pack, monkeyp
     monkeypatch.delattr(attention, "ComfyAttention", raising=False)
     r = mod("nodes.comfy_preferred_route")
     assert r.route() is False and r.unroute() is False and r.routed() is False
+
+
+def test_a_call_with_integer_tensors_stays_with_the_layers_function(ew, standin, monkeypatch):
+    """Only floating-point queries go to the engine: integer q/k/v (no attention the engine computes) reach the
+    layer's own function, counted as passed, whatever it then does with them."""
+    engine = _engine_calls(monkeypatch)
+    q, k, v = (t.round().to(torch.int32) for t in _inputs())
+    layer = standin.Layer(4)
+    ew.set_mode("chunked", 0)
+    try:
+        layer(q, k, v)
+    except Exception:  # noqa: BLE001 - the layer's function may refuse integers; the route is what is tested
+        pass
+    assert engine[0] == 0, "integer tensors were sent to the engine"
+    s = mod("attention_core.patch").stats()["comfy_attention"]
+    assert s["passed"] == 1 and s["routed"] == 0, s

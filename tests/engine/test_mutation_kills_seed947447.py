@@ -1,6 +1,6 @@
 """Kills for the engine survivors of the fresh draw of seed 947447 (docs/mutation-draws.jsonl): the Qwen 2.5 0.5B
 preset's widths and its math-SDPA memory, the Wan 2.2 14B 480p plan preset, an explicit FFN chunk count of 1, and
-the FFN exactness probe's per-feature statistics."""
+the FFN exactness probe's per-feature statistics, and the ranks-disagree message's shapes (group._fmt)."""
 import torch
 
 from attention_core.cli import plan
@@ -57,3 +57,14 @@ def test_the_exactness_probe_draws_tokens_with_each_feature_s_own_mean_and_sprea
     y = exactness._random_like(x)
     means = y.mean(dim=(0, 1))
     assert abs(float(means[0]) - 100.0) < 1.0 and abs(float(means[1]) + 100.0) < 1.0, means
+
+
+def test_the_ranks_disagree_message_shows_at_most_four_dims_of_each_shape():
+    """group._fmt reads a 6-slot record (ndim, 4 dims right-aligned, dtype index); a record of more than 4 dims shows
+    the 4 it holds, fewer shows only its own, -1 / -2 name a missing input and a non-tensor."""
+    from attention_core.parallel import group
+    assert group._fmt([4, 2, 3, 5, 7, 1]) == "(2, 3, 5, 7) float32"
+    assert group._fmt([5, 2, 3, 5, 7, 2]) == "(2, 3, 5, 7) float16"
+    assert group._fmt([2, 0, 0, 5, 7, 4]) == "(5, 7) bool"
+    assert group._fmt([3, 0, 9, 5, 7, 99]) == "(9, 5, 7) other"
+    assert group._fmt([-1, 0, 0, 0, 0, 0]) == "None" and group._fmt([-2, 0, 0, 0, 0, 0]) == "not a tensor"
