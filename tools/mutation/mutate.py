@@ -248,6 +248,16 @@ def _empty_guard_equivalents():
 
 EQUIVALENT += _empty_guard_equivalents()
 EQUIVALENT += [
+    ("attention_core/cli/bench_models/__init__.py::main",
+     'a.dtype = a.dtype or ("float32" if a.device == "cpu" else "float16")',
+     'a.dtype = a.dtype or ("float32" if a.device <= "cpu" else "float16")',
+     "a.device is cli_args.device's cleaned name or default_device()'s: \"cpu\", \"cuda\" or \"cuda:N\", and every "
+     "\"cuda...\" sorts after \"cpu\" (u > p), so <= \"cpu\" holds for \"cpu\" alone, as == does"),
+    ("attention_core/kernel/tiers/backward.py::backward",
+     "s = src.scores(qt, i0, i1, j0, j1, slot=0 if qt.dtype == st else None).to(st)",
+     "s = src.scores(qt, i0, i1, j0, j1, slot= -1 if qt.dtype == st else None).to(st)",
+     "a scratch slot is only a key of TileSource's buffer table: the backward uses two (the scores, dP in slot 1), "
+     "and -1 is as distinct from 1 as 0 is, so the same two buffers are reused tile to tile"),
     ("nodes/override_notice.py::custom_node_folder",
      "if path.startswith(f + os.sep) and (best is None or len(f) > best[0]):",
      "if path.startswith(f + os.sep) and (best is None or len(f) >= best[0]):",
