@@ -699,3 +699,12 @@ def test_the_vae_route_compiles_without_a_graph_break(adapter):
     finally:
         dynamo.reset()
     assert torch.allclose(out, route(q, k, v), atol=1e-6)
+
+
+def test_attention_info_is_never_cached(adapter):
+    """Attention Info describes the machine now: its fingerprint is NaN (never equal to itself), asked of the class
+    as ComfyUI's executor asks it, so every prompt runs it again."""
+    import math
+    from tiled_attention_pack.nodes.info import AttentionInfo
+    first, second = AttentionInfo.fingerprint_inputs(), AttentionInfo.fingerprint_inputs()
+    assert math.isnan(first) and first != second

@@ -253,6 +253,13 @@ EQUIVALENT += [
      'a.dtype = a.dtype or ("float32" if a.device <= "cpu" else "float16")',
      "a.device is cli_args.device's cleaned name or default_device()'s: \"cpu\", \"cuda\" or \"cuda:N\", and every "
      "\"cuda...\" sorts after \"cpu\" (u > p), so <= \"cpu\" holds for \"cpu\" alone, as == does"),
+    ("nodes/comfy_adapter.py::PatchSettings", "min_tokens: int = 0", "min_tokens: int = -1",
+     "min_tokens is read only as max(lq, lk) < min_tokens, and sequence lengths are never negative: 0 and -1 both "
+     "let every call through (the nodes always pass their own, >= 0 by their schema)"),
+    ("nodes/comfy_adapter.py::_seq_lens", 'return call["q"].shape[-2], call["k"].shape[-2]',
+     'return call["q"].shape[+2], call["k"].shape[-2]',
+     "with skip_reshape ComfyUI hands q as (batch, heads, tokens, head dim), always 4-D (its attention functions "
+     "unpack b, _, _, dim_head = q.shape): index 2 is index -2"),
     ("attention_core/kernel/tiers/backward.py::backward",
      "s = src.scores(qt, i0, i1, j0, j1, slot=0 if qt.dtype == st else None).to(st)",
      "s = src.scores(qt, i0, i1, j0, j1, slot= -1 if qt.dtype == st else None).to(st)",
