@@ -53,9 +53,10 @@ def test_heads_that_do_not_split_the_width_are_named(adapter):
         fn(None, q, q, q, 0)
 
 
-@pytest.mark.parametrize("mask_shape", [(6, 9), (2, 6, 9), (2, 1, 6, 9), (2, 1, 1, 9)])
+@pytest.mark.parametrize("mask_shape", [(9,), (6, 9), (2, 6, 9), (2, 1, 6, 9), (2, 1, 1, 9)])
 def test_masks_in_comfy_shapes(adapter, mask_shape):
-    """2-D (Nq, Nk) -> (1, 1, Nq, Nk), 3-D (B, Nq, Nk) -> (B, 1, Nq, Nk), 4-D as is; float masks are added."""
+    """2-D (Nq, Nk) -> (1, 1, Nq, Nk), 3-D (B, Nq, Nk) -> (B, 1, Nq, Nk), 4-D and 1-D (Nk: one bias a key, as
+    ComfyUI's attention_pytorch passes it to torch) as they are; float masks are added."""
     torch.manual_seed(1)
     q, k, v = torch.randn(2, 6, 16), torch.randn(2, 9, 16), torch.randn(2, 9, 16)
     mask = torch.randn(*mask_shape) * 3
