@@ -136,6 +136,6 @@ def test_measured_gives_the_first_calls_memory_and_the_median_of_the_rest():
             x.add_(1)
     res = measure.measured(fn, "cpu", 3)
     assert len(calls) == 3 and res["ms"] >= 0
-    assert res["peak_mb"] >= 48, res  # the first call's memory (peak RSS growth; a little may already be mapped)
+    assert 48 <= res["peak_mb"] < 256, res  # the first call's 64 MB in MB (peak RSS growth; some may be mapped)
     one = measure.measured(lambda: None, "cpu", 1)
     assert set(one) == {"ms", "peak_mb"}

@@ -1,6 +1,5 @@
 """The benchmark's --omp-wait-policy: which OpenMP wait policy every case's fresh process gets (bench_run.child_env),
 and that a case's process really runs under it (a real child reads its own environment)."""
-import json
 import os
 import subprocess
 import sys
@@ -8,8 +7,6 @@ import sys
 import pytest
 
 from attention_core.cli import bench, bench_run
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.mark.parametrize("user_env", [None, "ACTIVE"])

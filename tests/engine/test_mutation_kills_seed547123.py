@@ -79,3 +79,4 @@ def test_detection_is_cached_per_device_until_refreshed(monkeypatch):
     assert len(built) == 2  # refresh rebuilds
     detection.detect("cpu", probe=False)
     assert built[-1] == ("cpu", False) and len(built) == 3  # cached per (device, probe)
+

@@ -261,6 +261,10 @@ EQUIVALENT += [
      "with skip_reshape ComfyUI hands q as (batch, heads, tokens, head dim), always 4-D (its attention functions "
      "unpack b, _, _, dim_head = q.shape): index 2 is index -2"),
     ("attention_core/kernel/tiers/backward.py::backward",
+     "dv[:, :, j0:j1] += matmul(pd.view(B, H, rows, bk).transpose(-1, -2).to(cd), dot).to(st)",
+     "dv[:, :, j0:j1] += matmul(pd.view(B, H, rows, bk).transpose(-1, 2).to(cd), dot).to(st)",
+     "the view is 4-D (B, H, rows, bk): dim 2 is dim -2"),
+    ("attention_core/kernel/tiers/backward.py::backward",
      "s = src.scores(qt, i0, i1, j0, j1, slot=0 if qt.dtype == st else None).to(st)",
      "s = src.scores(qt, i0, i1, j0, j1, slot= -1 if qt.dtype == st else None).to(st)",
      "a scratch slot is only a key of TileSource's buffer table: the backward uses two (the scores, dP in slot 1), "
