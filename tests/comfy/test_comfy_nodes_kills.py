@@ -709,3 +709,33 @@ def test_attention_info_is_never_cached(adapter):
     from tiled_attention_pack.nodes.info import AttentionInfo
     first, second = AttentionInfo.fingerprint_inputs(), AttentionInfo.fingerprint_inputs()
     assert math.isnan(first) and first != second
+
+
+def test_the_vae_routes_running_line_comes_with_its_first_engine_call(adapter, caplog):
+    """Patch Attention (VAE)'s "tiled attention running" line is logged at the first call the engine takes, once."""
+    from tiled_attention_pack.nodes.vae_route import VaeAttentionRoute
+    route = VaeAttentionRoute(lambda q, k, v: None, adapter.PatchSettings(mode="chunked", node="Patch Attention (VAE)"))
+    q = torch.randn(1, 4, 2, 3)  # ComfyUI's VAE layout [B, C, H, W]
+    with caplog.at_level("INFO", logger="tiled_attention"):
+        route(q, q, q)
+        assert sum("tiled attention running" in r.getMessage() for r in caplog.records) == 1
+        route(q, q, q)
+    assert sum("tiled attention running" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_ffn_modules_are_found_inside_blocks_only():
+    """A feed-forward module at the model's top level (no dot in its path) is not a block's FFN; the blocks' are."""
+    load_pack()
+    from tiled_attention_pack.nodes.ffn import find_ffn_modules
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ffn = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 4))
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mlp = torch.nn.Linear(4, 4)  # top level: not a block's
+            self.blocks = torch.nn.ModuleList([Block(), Block()])
+    assert find_ffn_modules(Model()) == ["blocks.0.ffn", "blocks.1.ffn"]
