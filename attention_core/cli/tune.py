@@ -30,7 +30,7 @@ import time
 
 from ..device import machine_load
 from ..device.sync import synchronize
-from ..kernel.memory import ONLINE_BLOCK_KV, forward_tile, tile_budget
+from ..kernel.memory import forward_block_kv, forward_tile, tile_budget
 from ..kernel.oom import is_oom, release_cached
 from ..device.profiles import (PROFILE_VERSION, _device_name, bytes_per_score, profile_dir, profile_name, profile_path,
                        save_profile, tuned_blocks_for)
@@ -105,7 +105,7 @@ def engine_tile(heads, n, rows, dtype, device, tier, dim=None):
     kind = "cpu" if torch.device(device).type == "cpu" else "other"
     t = forward_tile(rows, heads, 1, bytes_per_score(tier, dtype, device), tile_budget(torch.device(device)), n, kind,
                      tier, head_dim=dim)
-    return t if t is not None else (rows, n if tier != "online" else min(n, ONLINE_BLOCK_KV[kind]), heads)
+    return t if t is not None else (rows, forward_block_kv(tier, n, kind), heads)
 
 
 def choose(timed, tolerance=TOLERANCE):

@@ -127,14 +127,21 @@ def bytes_per_score(tier: str, p: AttentionProblem, num: Numerics, backward: boo
     return tile_bytes_per_score(tier, cs, num.compute == torch.float16, _kind(p.device)) + extra
 
 
+def forward_block_kv(tier: str, keys: int, kind: str) -> int:
+    """The key block a forward tile of `tier` starts from: every key for chunked and inplace (full rows), at most
+    ONLINE_BLOCK_KV[kind] for online."""
+    return max(1, keys) if tier in ("chunked", "inplace") else min(max(1, keys), ONLINE_BLOCK_KV[kind])
+
+
 def forward_tile(lq: int, hkv: int, pairs_per_row: int, per: int, budget: int, keys: int, kind: str, tier: str,
                  block_q=None, block_kv=None, head_dim: Optional[int] = None):
     """tile_for of a forward tile of `tier` over `keys` keys: chunked and inplace take full key rows; online takes
-    block_kv keys (default: at most ONLINE_BLOCK_KV, halved until MIN_BLOCK rows fit) and aims at
-    ONLINE_TILE_ELEMS scores. The one rule the engine (plan_forward), `plan` and `tune` size forward tiles by."""
+    block_kv keys (default: forward_block_kv, halved until MIN_BLOCK rows fit) and aims at ONLINE_TILE_ELEMS
+    scores. The one rule the engine (plan_forward), `plan` and `tune` size forward tiles by."""
     if tier in ("chunked", "inplace"):
-        return tile_for(lq, hkv, pairs_per_row, per, budget, max(1, keys), kind, block_q, head_dim=head_dim)
-    bk = block_kv or min(max(1, keys), ONLINE_BLOCK_KV[kind])
+        return tile_for(lq, hkv, pairs_per_row, per, budget, forward_block_kv(tier, keys, kind), kind, block_q,
+                        head_dim=head_dim)
+    bk = block_kv or forward_block_kv(tier, keys, kind)
     return tile_for(lq, hkv, pairs_per_row, per, budget, bk, kind, block_q, shrink_kv=block_kv is None,
                     target=ONLINE_TILE_ELEMS[kind], head_dim=head_dim, forward=True)
 
