@@ -1,5 +1,6 @@
 """Test-session setup: the repository root (for `tools`, `attention_core`) and tests/support on sys.path, and the
-CI rule that nothing skips silently; tuned tile profiles of this machine kept out of the tests.
+CI rule that nothing skips silently; tuned tile profiles of this machine kept out of the tests; a time limit per
+test (tests/support/time_limit.py: a hanging test fails instead of stopping the suite).
 
 Under CI=true a skipped test fails unless its reason starts with "not applicable" (a case that cannot apply, e.g. a
 feature the older ComfyUI does not have): a skip for a missing tool, server or data file is a failure there.
@@ -22,6 +23,8 @@ for path in (ROOT, os.path.join(ROOT, "tests", "support")):
 if "TILED_ATTENTION_PROFILE_DIR" not in os.environ:
     os.environ["TILED_ATTENTION_PROFILE_DIR"] = tempfile.mkdtemp(prefix="tiled-attention-profiles-")
     atexit.register(shutil.rmtree, os.environ["TILED_ATTENTION_PROFILE_DIR"], ignore_errors=True)
+
+pytest_plugins = ["time_limit"]  # tests/support/time_limit.py, on sys.path above
 
 ALLOWED_SKIP_PREFIX = "not applicable"
 

@@ -16,6 +16,7 @@ def run_probe(tmp_path, ci):
     shutil.copy(os.path.join(os.path.dirname(__file__), "conftest.py"), tmp_path / "conftest.py")
     (tmp_path / "test_probe.py").write_text(PROBE)
     env = {k: v for k, v in os.environ.items() if k != "CI"}
+    env["PYTHONPATH"] = os.path.join(os.path.dirname(__file__), "support")  # the conftest's plugins (time_limit)
     if ci:
         env["CI"] = "true"
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),

@@ -382,3 +382,40 @@ def test_a_processor_module_with_attention_in_its_forward_is_switched_through_it
             tiled = out(model, inputs)
         assert seen == [] and td.calls(model)[0] - start == len(native_calls) == 2
     assert float((tiled - native).abs().max()) <= 1e-5 * float(native.abs().max())
+
+
+@pytest.mark.parametrize("mask_kind", ["bool", "additive"])
+def test_a_batch_by_key_tokens_mask_is_read_as_diffusers_native_backend_reads_it(mask_kind):
+    """dispatch_attention_fn given a 2-D [batch, key tokens] mask (a padded prompt): diffusers' native backend takes
+    it as [batch, 1, 1, key tokens] (since its 2-D reading; diffusers 0.35 handed it to torch as it was, an error
+    whenever batch != query tokens); the switch's dispatch gives that answer (float64, against torch's SDPA and
+    diffusers' native backend where it reads 2-D masks), and a 2-D mask of another shape ([query tokens, key
+    tokens]) is torch's plain 2-D mask on every side."""
+    ad = pytest.importorskip("diffusers.models.attention_dispatch")
+    torch.manual_seed(0)
+    b, lq, lk, h, d = 2, 3, 5, 2, 8  # batch != key tokens and != query tokens: each reading gives another shape
+    q, k, v = (torch.randn(b, n, h, d, dtype=torch.float64) for n in (lq, lk, lk))
+    keep = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0]], dtype=torch.bool)
+    pad = keep if mask_kind == "bool" else torch.zeros(b, lk, dtype=torch.float64).masked_fill(~keep, -1e4)
+    square = torch.rand(lq, lk) > 0.3 if mask_kind == "bool" else torch.randn(lq, lk, dtype=torch.float64)
+    square[:, 0] = True if mask_kind == "bool" else square[:, 0]
+    route = td.Route("diffusers:test", {})
+
+    def torch_answer(mask):
+        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                              mask).transpose(1, 2)
+    for mask, as_torch_reads_it in ((pad, pad[:, None, None, :]), (square, square)):
+        tiled = route.dispatch(q, k, v, attn_mask=mask)
+        assert tiled.shape == (b, lq, h, d)
+        assert torch.allclose(tiled, torch_answer(as_torch_reads_it), rtol=1e-10, atol=1e-12)
+        try:
+            native = ad.dispatch_attention_fn(q, k, v, attn_mask=mask, backend=ad.AttentionBackendName.NATIVE)
+        except RuntimeError:
+            assert mask is pad and diffusers.__version__.startswith("0.35.")  # no 2-D reading there yet
+            continue
+        assert torch.allclose(tiled, native, rtol=1e-10, atol=1e-12)
+    # the padded keys get no weight: changing their values leaves the output as it was
+    v2 = v.clone()
+    v2[0, 3:] += 100.0
+    assert torch.allclose(route.dispatch(q, k, v2, attn_mask=pad)[0], route.dispatch(q, k, v, attn_mask=pad)[0],
+                          rtol=1e-10, atol=1e-12)

@@ -269,6 +269,12 @@ EQUIVALENT += [
      "s = src.scores(qt, i0, i1, j0, j1, slot= -1 if qt.dtype == st else None).to(st)",
      "a scratch slot is only a key of TileSource's buffer table: the backward uses two (the scores, dP in slot 1), "
      "and -1 is as distinct from 1 as 0 is, so the same two buffers are reused tile to tile"),
+    ("attention_core/kernel/tiers/backward.py::_accumulate_mask_grad",
+     "dims = tuple(d for d in range(5) if dmask.shape[d] == 1 and ds.shape[d] != 1)",
+     "dims = tuple(d for d in range(5) if dmask.shape[d] == 1 and ds.shape[d] > 1)",
+     "ds is one tile's (B, H, G, rows, keys): the tile loop runs only for non-empty problems (ops.py's empty "
+     "guard answers those first; checked with a mask needing grad on torch 2.5.1 and 2.14.1, every tier), so no "
+     "dim of ds is 0 and != 1 is > 1"),
     ("nodes/override_notice.py::custom_node_folder",
      "if path.startswith(f + os.sep) and (best is None or len(f) > best[0]):",
      "if path.startswith(f + os.sep) and (best is None or len(f) >= best[0]):",
