@@ -14,7 +14,8 @@ Score memory of one self-attention call (batch item count `batch`, h heads, N to
                         when N divides by the slice count (else one slice: the whole matrix); 2 * slice scores
   this pack             the engine's tile (kernel.memory: sized by bytes_per_score) at the bytes a score it holds
                         (score_bytes) * b*h_tile * rows * keys, + its rows' query / output / accumulator
-                        tensors (row_bytes), K/V copies, the fp16 guard's fp32 K, a head group's own output
+                        tensors (row_bytes), K/V copies, the fp16 guard's fp32 K (a head-split tile writes its
+                        group's results straight into the call's output: nothing more)
 FFN hidden activation: 2 * b * N * ffn_width * e (before and after the GELU), divided by the chunk count.
 Pure arithmetic: no torch import at module level, nothing allocated.
 """
@@ -346,16 +347,13 @@ def estimate(model: str, width: int, height: int, frames: int, free: int, dtype_
         tiers[t] = {"tile": tile, "floor": pack_floor(t, n, e, cpu, per=per)}
         if tile is not None:  # the engine's tile, with the bytes it holds (it budgets score_bytes a score)
             tile["bytes"] = score_bytes(t, compute, cpu) * batch * tile["rows"] * tile["keys"] * tile["heads"]
-            # what the call holds beyond q, k, v and the output: K/V copies, the fp16 guard's fp32 K, a head group's
-            # own output, the tile and its rows
+            # what the call holds beyond q, k, v and the output: K/V copies, the fp16 guard's fp32 K, the tile and
+            # its rows (a head-split call writes each group's results into the call's output: no group output)
             h = tile["heads"]
             copies = kv_copy_bytes(batch, h, n, spec.head_dim, dtype, compute, layout, h >= spec.heads)
-            # a head-split call runs each group into its own output (and fp32 row statistics), then copies it over
-            group = 0 if h >= spec.heads else batch * h * n * (spec.head_dim * DTYPE_BYTES[dtype] + 2 * 4)
             rows = batch * h * tile["rows"] * row_bytes(t, compute, dtype, spec.head_dim)
             guard = guard_bytes(batch, h, n, spec.head_dim, compute)
-            tiers[t].update(copies=copies, group_out=group, rows=rows, guard=guard,
-                            total=copies + group + guard + tile["bytes"] + rows)
+            tiers[t].update(copies=copies, rows=rows, guard=guard, total=copies + guard + tile["bytes"] + rows)
     auto = next((t for t in TIERS if tiers[t]["tile"] is not None), None)
     chunks = ffn_auto_chunks(batch, n, spec.ffn, e, free)
     return {
@@ -421,8 +419,6 @@ def report(est: dict) -> str:
                 if tt["copies"] else []
             if tt["guard"]:
                 parts.append(f"fp16 guard's fp32 K {_gb(tt['guard'])}")
-            if tt["group_out"]:
-                parts.append(f"a head group's output {_gb(tt['group_out'])}")
             parts.append(f"query/output rows {_gb(tt['rows'])}")
             line, total = f"      + {', '.join(parts)}", f"-> {_gb(tt['total'])} in all"
             out += [f"{line} {total}"] if len(line) + len(total) < 116 else [line, f"        {total}"]

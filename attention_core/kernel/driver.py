@@ -2,7 +2,7 @@
 
 Shared by the forward (tiers chunked -> inplace -> online) and the recompute backward (one "backward" tier).
 A plan that splits heads runs the pass head group by head group (each group builds its own TileSource, the
-whole problem's is never built); results are written into the whole problem's outputs.
+whole problem's is never built); each group's tier writes its results straight into the whole problem's outputs.
 """
 from __future__ import annotations
 
@@ -93,12 +93,7 @@ def run_forward(p: AttentionProblem, num: Numerics, cfg: CallConfig, need_stats:
             return fn(whole(), plan.block_q, plan.block_kv, need_stats)
         res = TileOutputs(p, num, need_stats)
         for h0, h1, sub in _head_groups(p, plan.block_h):
-            part = fn(TileSource(sub, num), plan.block_q, plan.block_kv, need_stats)
-            res.out[:, h0:h1] = part.out
-            for name in ("lse", "rowmax"):
-                if getattr(res, name) is not None:
-                    getattr(res, name)[:, h0:h1] = getattr(part, name)
-            del part
+            fn(TileSource(sub, num, into=res), plan.block_q, plan.block_kv, need_stats)  # writes res's heads h0:h1
         return res
 
     return _with_retries(p, budget, plans(), run, "forward")

@@ -19,6 +19,12 @@ from .problem import AttentionProblem
 MIN_BLOCK = 16
 # query rows per head a tile keeps before it splits heads into groups: the GEMMs stay efficient above this
 PREF_ROWS = 64
+# the same for forward tiles on the CPU (heads of more than HEAD_CAP_MAX_DIM dims): a batched GEMM of 80 rows a
+# head ran 1.2-1.35x torch's fused kernel at the Wan 2.2 480p shape where 256-320 rows of a head group ran 1.08-1.12x
+# (24, 30 and 40 heads of 128 dims, quiet, interleaved: docs/bench-tiles-cpu.md, issue 38.6). Head groups there are
+# a multiple of torch's thread count (a batched GEMM shares its heads out among the threads: 3 heads on 2 threads
+# ran 1.39x, 2 or 4 ran 1.08-1.10x) and even (24 heads as 6+6+6+6, not 7+7+7+3)
+FORWARD_PREF_ROWS = {"cpu": 256, "other": PREF_ROWS}
 # score elements per forward tile we aim for (full rows for chunked / inplace, bq x bk for online) when the device
 # has no tuned profile. CPU: 2^23 (32 MB of fp32 scores; the chunked tier's softmax runs over them in place there),
 # the fastest target within 3 % of ComfyUI sub-quadratic attention's memory at the Wan 2.2 480p shape in quiet
@@ -150,22 +156,36 @@ def _round(b: int) -> int:
     return b if b < 64 else b - b % 16
 
 
+def balanced_heads(heads: int, hkv: int, threads: int) -> int:
+    """At most `heads` kv heads a group, a multiple of `threads` where that leaves one, then evened out over the
+    groups hkv needs (24 heads with at most 7 a group on 2 threads: 6, four groups of 6)."""
+    heads = max(1, min(heads, hkv))
+    if heads >= threads > 0:
+        heads -= heads % threads
+    groups = -(-hkv // heads)
+    return -(-hkv // groups)
+
+
 def tile_for(lq: int, hkv: int, pairs_per_row: int, per: int, budget: int, bk: int, kind: str, block_q=None,
              shrink_kv: bool = False, target: Optional[int] = None, head_dim: Optional[int] = None,
-             forward: Optional[bool] = None):
+             forward: Optional[bool] = None, threads: Optional[int] = None):
     """(bq, bk, heads) for tiles of `per` bytes a score within `budget`, or None; halves bk while allowed.
 
     Shapes only (attention_core.cli.plan reports the same tiles): lq query rows, hkv kv heads, each (kv head, query
     row) pair holding pairs_per_row * bk scores (B * G: batch and the GQA group). The tile takes as many pairs as
     TARGET_TILE_ELEMS[kind] and the budget allow, all heads when that leaves PREF_ROWS rows per head, else fewer
     heads with more rows, and (forward, heads of `head_dim` <= HEAD_CAP_MAX_DIM) no more than HEAD_TILE_ELEMS[kind]
-    scores a head where that leaves PREF_ROWS rows. `target`: another number of scores to aim for (the online
-    tier's: forward_tile; the backward's). forward: whether the head cap applies (default: only without a
-    target, i.e. not for the backward). head_dim None: unknown, no cap."""
+    scores a head where that leaves PREF_ROWS rows. CPU forward tiles of larger heads keep FORWARD_PREF_ROWS rows
+    instead, in balanced_heads groups of `threads` (default: torch's thread count), their rows filling the target.
+    `target`: another number of scores to aim for (the online tier's: forward_tile; the backward's). forward:
+    whether the head cap and FORWARD_PREF_ROWS apply (default: only without a target, i.e. not for the backward).
+    head_dim None: unknown, no cap."""
     lq, hkv = max(1, lq), max(1, hkv)
     forward = target is None if forward is None else forward
     capped = forward and head_dim is not None and head_dim <= HEAD_CAP_MAX_DIM  # forward tiles only
     head_cap = HEAD_TILE_ELEMS[kind] if capped else None
+    grouped = forward and not capped and kind == "cpu"  # CPU forward tiles of larger heads: FORWARD_PREF_ROWS
+    pref = FORWARD_PREF_ROWS[kind] if grouped else PREF_ROWS
     target = target or TARGET_TILE_ELEMS[kind]
     while True:
         per_pair = max(1, pairs_per_row) * bk
@@ -174,13 +194,17 @@ def tile_for(lq: int, hkv: int, pairs_per_row: int, per: int, budget: int, bk: i
         fit = budget // (per_pair * per)
         if fit >= min(MIN_BLOCK, lq):
             pairs = min(max(MIN_BLOCK, target // per_pair), fit)
-            if pairs >= hkv * min(PREF_ROWS, lq):
+            if pairs >= hkv * min(pref, lq):
                 rows = min(lq, pairs // hkv)
                 if head_cap is not None:
                     rows = min(rows, max(PREF_ROWS, head_cap // per_pair))
                 return max(1, _round(rows)), bk, hkv
-            bq = min(lq, max(min(MIN_BLOCK, lq), min(PREF_ROWS, pairs)))
-            return max(1, _round(bq)), bk, max(1, min(hkv, pairs // bq))
+            bq = min(lq, max(min(MIN_BLOCK, lq), min(pref, pairs)))
+            heads = max(1, min(hkv, pairs // bq))
+            if grouped:
+                heads = balanced_heads(heads, hkv, torch.get_num_threads() if threads is None else threads)
+                bq = min(lq, max(bq, pairs // heads))
+            return max(1, _round(bq)), bk, heads
         if not shrink_kv or bk <= MIN_BLOCK:
             return None
         bk = max(MIN_BLOCK, bk // 2)

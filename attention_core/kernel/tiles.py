@@ -7,6 +7,7 @@ A tile covers query rows [i0, i1) of every (batch, head) and keys [j0, j1). Shap
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 
@@ -20,9 +21,10 @@ NEG_INF = float("-inf")
 class TileSource:
     """The per-call inputs of the tiles: q/k/v in the compute dtype and the overflow bounds."""
 
-    def __init__(self, p: AttentionProblem, num: Numerics):
+    def __init__(self, p: AttentionProblem, num: Numerics, into: Optional["TileOutputs"] = None):
         self.p = p
         self.num = num
+        self.into = into  # the whole problem's outputs, for a head group's tier to write into (TileOutputs)
         cd = num.compute
         # contiguous once: ComfyUI hands heads as a transposed view of [B, N, H*D], and a batched matmul on such
         # a view (or on a head group of it) would copy K or V again for every tile
@@ -176,8 +178,16 @@ class TileOutputs:
     statistics L = m + log l (the log-sum-exp of the row's scaled, masked scores; -inf for a row with no visible
     key) and the row max m (flush-to-zero in the backward is relative to it)."""
 
-    def __init__(self, p: AttentionProblem, num: Numerics, need_stats: bool):
+    def __init__(self, p: AttentionProblem, num: Numerics, need_stats: bool, into: Optional["TileOutputs"] = None):
+        """into: the whole problem's outputs when p is one head group of it (problem.head_group): this group's
+        results are written straight into their heads there (views), not assembled in a copy first."""
         self.p = p
+        if into is not None:
+            heads = slice(p.head_offset - into.p.head_offset, p.head_offset - into.p.head_offset + p.Hkv)
+            self.out = into.out[:, heads]
+            self.lse = into.lse[:, heads] if into.lse is not None else None
+            self.rowmax = into.rowmax[:, heads] if into.rowmax is not None else None
+            return
         shape = (p.B, p.Hkv, p.G, p.Lq)
         self.out = torch.empty(*shape, p.Ev, dtype=p.dtype, device=p.device)
         self.lse = torch.empty(shape, dtype=num.stats, device=p.device) if need_stats else None

@@ -321,7 +321,7 @@ def test_overflow_guard_bytes():
     t = plan.estimate("wan22-5b", 832, 480, 41, free=3 << 20)["tiers"]["inplace"]
     assert (t["tile"]["heads"], t["tile"]["rows"], t["tile"]["bytes"]) == (1, 64, 6 * 64 * 4290)
     assert t["guard"] == 4 * 4290 * 128
-    assert t["total"] == t["copies"] + t["group_out"] + t["guard"] + t["tile"]["bytes"] + t["rows"]
+    assert t["total"] == t["copies"] + t["guard"] + t["tile"]["bytes"] + t["rows"]
 
 
 def test_estimate_budget_and_dtype_defaults():
@@ -446,19 +446,19 @@ def test_time_report_reads_the_calibration_of_the_tiles_dtype(profdir, monkeypat
 
 def test_head_split_of_a_batch():
     """Batch 2, 16 MB free on a GPU: chunked takes 2 of the 24 heads (64 rows); the call then holds both batch
-    items' K/V copies of those heads (2 x 2 x 2 x 4,290 x 128 x 2 B) and their own output with fp32 row
-    statistics (2 x 2 x 4,290 x (128 x 2 + 8) B), the fp16 guard's fp32 copy of K (4 x 2 x 2 x 4,290 x 128 B),
+    items' K/V copies of those heads (2 x 2 x 2 x 4,290 x 128 x 2 B; the group's results go straight into the
+    call's output: no group output is held), the fp16 guard's fp32 copy of K (4 x 2 x 2 x 4,290 x 128 B),
     the tile (10 bytes a score: S and P in fp32 under the guard, P cast to fp16) and its rows (plan.row_bytes);
     inplace (6 bytes a score) takes a 3-head group."""
     est = plan.estimate("wan22-5b", 832, 480, 41, free=16 << 20, batch=2)
     c = est["tiers"]["chunked"]
     assert c["tile"] == {"rows": 64, "keys": 4290, "heads": 2, "bytes": 10 * 2 * 2 * 64 * 4290}
     assert c["copies"] == 2 * 2 * 2 * 4290 * 128 * 2
-    assert c["group_out"] == 2 * 2 * 4290 * (128 * 2 + 8)
+    assert "group_out" not in c
     assert c["guard"] == 4 * 2 * 2 * 4290 * 128 and c["rows"] == 2 * 2 * 64 * (14 * 128 + 32)
-    assert c["total"] == c["copies"] + c["group_out"] + c["guard"] + c["tile"]["bytes"] + c["rows"]
+    assert c["total"] == c["copies"] + c["guard"] + c["tile"]["bytes"] + c["rows"]
     i = est["tiers"]["inplace"]
-    assert i["tile"]["heads"] == 3 and i["total"] == 2 * 2 * 3 * 4290 * 128 * 2 + 2 * 3 * 4290 * 264 + \
+    assert i["tile"]["heads"] == 3 and i["total"] == 2 * 2 * 3 * 4290 * 128 * 2 + \
         4 * 2 * 3 * 4290 * 128 + 6 * 2 * 3 * 64 * 4290 + 2 * 3 * 64 * (14 * 128 + 32)
 
 

@@ -1,8 +1,8 @@
 """attention_core.plan's per-call totals against the bytes the engine really holds (LiveBytes).
 
 The plan (and the Attention Fit node) promises the memory one attention call needs beyond q, k, v and its output:
-K/V copies (ComfyUI's layout, a dtype conversion, a head group of a batch), the fp16 overflow guard's fp32 K, a head
-group's own output, the tile (what it holds a score: plan.held_score_bytes) and the tile rows' query, output and
+K/V copies (ComfyUI's layout, a dtype conversion, a head group of a batch), the fp16 overflow guard's fp32 K, the
+tile (what it holds a score: plan.held_score_bytes) and the tile rows' query, output and
 accumulator tensors (plan.row_bytes). Checked for each layout x input dtype x precision x device kind the planner
 takes, each tier, with all heads in one tile and with a head split, and for fp16 with values large enough that the
 overflow guard runs tiles in fp32: the plan is never below what the call holds, and at most MAX_OVER times it (the
@@ -96,7 +96,7 @@ def test_wan22_5b_fp32_heads_on_the_cpu_counts_the_rows():
                         layout="heads")
     t = est["tiers"]["chunked"]
     assert est["tokens"] == 1170 and (t["tile"]["heads"], t["tile"]["rows"]) == (24, 288)
-    assert t["tile"]["bytes"] == 4 * 24 * 288 * 1170 and t["copies"] == t["guard"] == t["group_out"] == 0
+    assert t["tile"]["bytes"] == 4 * 24 * 288 * 1170 and t["copies"] == t["guard"] == 0
     assert t["rows"] == 24 * 288 * plan.row_bytes("chunked", "fp32", "fp32", 128)
     q, k, v = inputs("heads", torch.float32, 24, 1170, 128)
     held = peak_bytes(lambda: ops.attention_forward(q, k, v, tier="chunked", memory_budget=est["budget"]))

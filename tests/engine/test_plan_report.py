@@ -45,9 +45,8 @@ Wan 2.2 TI2V 5B at 1280x720, 121 frames (fp16/bf16, batch 1, free 32.00 GB)
       + K/V copies 0.33 GB (fp16, 24 head(s)), fp16 guard's fp32 K 0.33 GB, query/output rows 8.0 MB
         -> 1.39 GB in all
     this pack: online            24.0 MB   (16 head(s) x 64 rows x 4096 keys; least it can run with: 1.5 KB)
-      + K/V copies 0.22 GB (fp16, 16 head(s)), fp16 guard's fp32 K 0.22 GB, a head group's output 0.11 GB, \
-query/output rows 3.0 MB
-        -> 0.57 GB in all
+      + K/V copies 0.22 GB (fp16, 16 head(s)), fp16 guard's fp32 K 0.22 GB, query/output rows 3.0 MB
+        -> 0.46 GB in all
 
   feed-forward hidden activation (per block call):
     unchunked                    1.52 GB   (28,520 tokens x 14,336 x 2)
@@ -117,34 +116,33 @@ def test_detected_free_memory_on_the_cpu(monkeypatch):
 
 # ---- the branches the example does not reach ----------------------------------------------------------------
 
-def test_a_head_split_tile_adds_its_group_output_and_fp32_wording(monkeypatch):
+def test_a_head_split_tile_adds_no_group_output_and_fp32_wording(monkeypatch):
     """Wan 2.2 5B 480p fp32 on the CPU, 8 GB, a CPU tile target of 2^19 scores (the default before issue 24): the
-    tile takes one head of 64 rows, so the call also holds that head's own output (4,290 x (128 x 4 + 8) bytes =
-    2.1 MB) and K/V copies of one head (2 x 4,290 x 128 x 4 = 4.2 MB), and its 64 rows' query and output tensors
-    (64 x (3 x 4 x 128 + 32) = 98.0 KB, plan.row_bytes); the budget is half the free memory on a CPU; the CPU's
-    chunked tile holds 4 bytes a score (the softmax overwrites the scores)."""
+    tile takes one head of 112 rows (122 pairs, fewer than FORWARD_PREF_ROWS rows of one head: one head, its rows
+    filling the target), so the call also holds K/V copies of one head (2 x 4,290 x 128 x 4 = 4.2 MB) and its 112
+    rows' query and output tensors (112 x (3 x 4 x 128 + 32) = 0.2 MB, plan.row_bytes), but no output of the head
+    group (the tier writes into the call's output); the budget is half the free memory on a CPU; the CPU's chunked
+    tile holds 4 bytes a score (the softmax overwrites the scores)."""
     monkeypatch.setitem(memory.TARGET_TILE_ELEMS, "cpu", 1 << 19)
     est = plan.estimate("wan22-5b", 832, 480, 41, free=8 * GB, dtype_bytes=4, cpu=True)
     assert est["dtype"] == "fp32" and est["budget"] == 4 * GB
     t = est["tiers"]["chunked"]
-    assert (t["tile"]["heads"], t["tile"]["rows"], t["tile"]["keys"]) == (1, 64, 4290)
-    assert t["tile"]["bytes"] == 4 * 64 * 4290
+    assert (t["tile"]["heads"], t["tile"]["rows"], t["tile"]["keys"]) == (1, 112, 4290)
+    assert t["tile"]["bytes"] == 4 * 112 * 4290
     assert t["copies"] == 2 * 4290 * 128 * 4
-    assert t["group_out"] == 4290 * (128 * 4 + 2 * 4)
-    assert t["rows"] == 64 * (3 * 4 * 128 + 32)
-    assert t["total"] == t["copies"] + t["group_out"] + t["tile"]["bytes"] + t["rows"]
+    assert t["rows"] == 112 * (3 * 4 * 128 + 32)
+    assert t["total"] == t["copies"] + t["tile"]["bytes"] + t["rows"]
     lines = plan.report(est).splitlines()
     assert lines[0] == "Wan 2.2 TI2V 5B at 832x480, 41 frames (fp32, batch 1, free 8.00 GB)"
-    assert "    this pack: chunked           1.0 MB   (1 head(s) x 64 rows x 4290 keys; least it can run with: " \
+    assert "    this pack: chunked           1.8 MB   (1 head(s) x 112 rows x 4290 keys; least it can run with: " \
            "0.3 MB)" in lines
-    assert ("      + K/V copies 4.2 MB (fp32, 1 head(s)), a head group's output 2.1 MB, query/output rows "
-            "98.0 KB") in lines
-    assert "        -> 7.5 MB in all" in lines
+    assert "      + K/V copies 4.2 MB (fp32, 1 head(s)), query/output rows 0.2 MB -> 6.2 MB in all" in lines
+    assert not any("head group's output" in line for line in lines)
     # math 3.29 GB fits 8 GB: no DOES NOT FIT, no "without the pack" line; one split slice
     assert "    torch math SDPA              3.29 GB" in lines
     assert "    ComfyUI split                3.29 GB   (1 slice(s) of 4290 rows)" in lines
-    assert lines[-1] == ("    Patch Attention mode auto, memory_budget_mb 0 (auto picks 'chunked', tile 1.0 MB of a "
-                         "4.00 GB budget, 7.5 MB in all); FFN Chunking chunks 0 (1 at this free memory)")
+    assert lines[-1] == ("    Patch Attention mode auto, memory_budget_mb 0 (auto picks 'chunked', tile 1.8 MB of a "
+                         "4.00 GB budget, 6.2 MB in all); FFN Chunking chunks 0 (1 at this free memory)")
 
 
 def test_tight_memory_split_refusal_and_the_q_k_v_o_warning():

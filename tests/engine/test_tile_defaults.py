@@ -71,12 +71,12 @@ def test_backward_peak_is_its_tile_loop_not_the_transposed_copies():
 def test_gpu_and_cpu_targets_at_the_wan_720p_shape():
     """Without a profile a GPU forward tile aims at 2^27 scores (the fp32 S and P of 24 heads x 192 rows x 28,520
     keys: 1 GiB, a fraction of a 32 GB MI50), online tiles take 4,096 keys, and the backward aims at the same 2^27
-    on GPUs but 2^21 on the CPU; the CPU forward takes 64 rows of 4 heads (2^23 / 28,520 = 294 pairs, fewer than
-    64 rows of every head). Shapes only: memory.tile_for with an ample budget, Wan 2.2 5B 720p (24 heads, 28,520
+    on GPUs but 2^21 on the CPU; the CPU forward takes one head (2^23 / 28,520 = 294 pairs, fewer than
+    FORWARD_PREF_ROWS = 256 rows of two heads), its rows filling the target: 288. Shapes only: memory.tile_for with an ample budget, Wan 2.2 5B 720p (24 heads, 28,520
     keys)."""
     n, heads = 28520, 24
     assert memory.tile_for(n, heads, 1, 8, 1 << 40, n, "other") == (192, n, heads)
-    assert memory.tile_for(n, heads, 1, 4, 1 << 40, n, "cpu") == (64, n, 4)
+    assert memory.tile_for(n, heads, 1, 4, 1 << 40, n, "cpu", threads=2) == (288, n, 1)
     assert memory.ONLINE_BLOCK_KV == {"cpu": 1024, "other": 4096}
     bwd = memory.BACKWARD_TILE_ELEMS
     assert bwd == {"cpu": 1 << 21, "other": 1 << 27}
@@ -117,6 +117,61 @@ def test_cpu_forward_tiles_of_128_dim_heads_have_no_head_cap():
         p = normalize(q, q, q)
         plan = memory.plan_forward(p, choose_numerics(p.dtype, p.device), "chunked", 1 << 40)
         assert (plan.block_q, plan.block_h) == (rows, 8), dim
+
+
+def test_cpu_forward_tiles_of_large_heads_take_rows_in_balanced_head_groups():
+    """CPU forward tiles of heads over 64 dims keep FORWARD_PREF_ROWS = 256 rows a head, in head groups that are a
+    multiple of the thread count and even (issue 38.6: at the Wan 2.2 480p shape 80 rows of all 24 heads ran
+    1.2-1.35x torch's fused kernel, 320 rows of 6 heads 1.08-1.12x; 3 heads on 2 threads 1.39x). 2^23 / 4,290 = 1,955
+    pairs: 7 heads of 256 rows -> 6 (a multiple of 2, four even groups) -> rows filling the target, 325 -> 320. With
+    4 threads 4 heads (six groups) of 480 rows; 16 threads: 7 heads, fewer than the threads, evened to 6. GPUs, the
+    backward and heads of 64 dims keep the old rule."""
+    assert memory.FORWARD_PREF_ROWS == {"cpu": 256, "other": memory.PREF_ROWS}
+    n = 4290
+    assert memory.tile_for(n, 24, 1, 4, 1 << 40, n, "cpu", head_dim=128, threads=2) == (320, n, 6)
+    assert memory.tile_for(n, 24, 1, 4, 1 << 40, n, "cpu", head_dim=128, threads=4) == (480, n, 4)
+    assert memory.tile_for(n, 24, 1, 4, 1 << 40, n, "cpu", head_dim=128, threads=16) == (320, n, 6)
+    assert memory.tile_for(n, 40, 1, 4, 1 << 40, n, "cpu", head_dim=128, threads=2) == (320, n, 6)
+    assert memory.tile_for(n, 24, 1, 4, 1 << 40, n, "cpu", head_dim=64, threads=2) == (80, n, 24)
+    assert memory.tile_for(n, 24, 1, 4, 1 << 40, n, "other", head_dim=128, threads=2) == (1296, n, 24)
+    assert memory.tile_for(n, 24, 1, 12, 1 << 40, n, "cpu", target=1 << 21, head_dim=128, threads=2) == (64, n, 7)
+    # the budget still bounds the tile: 1,000 pairs' worth of bytes -> 2 heads of 496 rows
+    assert memory.tile_for(n, 24, 1, 4, 1000 * n * 4, n, "cpu", head_dim=128, threads=2) == (496, n, 2)
+    assert [memory.balanced_heads(h, 24, 2) for h in (1, 2, 3, 5, 7, 9, 13, 24, 30)] == \
+        [1, 2, 2, 4, 6, 8, 12, 24, 24]
+    assert [memory.balanced_heads(h, 40, 2) for h in (7, 14, 20)] == [6, 14, 20]
+    assert memory.balanced_heads(7, 24, 16) == 6 and memory.balanced_heads(5, 24, 1) == 5
+    # the engine plans it with torch's thread count
+    from attention_core.kernel.numerics import choose_numerics
+    from attention_core.kernel.problem import normalize
+    q = torch.zeros(1, 24, n, 128)
+    p = normalize(q, q, q)
+    plan = memory.plan_forward(p, choose_numerics(p.dtype, p.device), "chunked", 1 << 40)
+    assert (plan.block_q, plan.block_h) == memory.tile_for(n, 24, 1, 4, 1 << 40, n, "cpu", head_dim=128,
+                                                           threads=torch.get_num_threads())[::2]
+
+
+def test_a_head_split_tile_writes_into_the_calls_output():
+    """A plan that splits the heads (8 heads of 128 dims, a budget of 512 pairs of 512 keys: 2 heads x 256 rows a
+    tile, four groups) runs each group's tier into the call's own output: LiveBytes sees the output (8 MB: values
+    512 wide) plus 3.3 MB (one tile's S and P, 1 MB, its P V product, 1 MB, query rows and K/V), not also a group
+    output copied over (5.3 MB before), and the result is the one-tile answer, every head in its place."""
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 8, 512, 128, generator=g), torch.randn(1, 8, 512, 128, generator=g)
+    v = torch.randn(1, 8, 512, 512, generator=g)
+    budget = 512 * 512 * 4  # 512 (head, row) pairs of 512 keys at the CPU chunked tier's 4 bytes a score
+    from attention_core.kernel.numerics import choose_numerics
+    from attention_core.kernel.problem import normalize
+    p = normalize(q, k, v)
+    plan = memory.plan_forward(p, choose_numerics(p.dtype, p.device), "chunked", budget)
+    assert (plan.block_q, plan.block_h) == (256, 2)
+    with torch.no_grad():
+        whole, _ = ops.attention_forward(q, k, v, tier="chunked", block_q=512)
+        split, _ = ops.attention_forward(q, k, v, tier="chunked", memory_budget=budget)
+        peak = peak_bytes(ops.attention_forward, q, k, v, tier="chunked", memory_budget=budget)
+    assert torch.allclose(split, whole, rtol=1e-5, atol=1e-6)
+    out_bytes = 8 * 512 * 512 * 4
+    assert peak - out_bytes <= 4 * MB, f"{(peak - out_bytes) / MB:.2f} MB beyond the output"
 
 
 def test_a_tile_of_every_head_fills_the_calls_output_without_a_second_one():
