@@ -495,8 +495,7 @@ EQUIVALENT += [
 ] + [("attention_core/cli/plan.py::estimate", before, before.replace("h >= spec.heads", "h == spec.heads"),
       "h is the tile's head count from memory.tile_for over spec.heads kv heads, which is between 1 and "
       "spec.heads: h >= spec.heads is h == spec.heads")
-     for before in ("copies = kv_copy_bytes(batch, h, n, spec.head_dim, dtype, compute, layout, h >= spec.heads)",
-                    "group = 0 if h >= spec.heads else batch * h * n * (spec.head_dim * DTYPE_BYTES[dtype] + 2 * 4)")
+     for before in ("copies = kv_copy_bytes(batch, h, n, spec.head_dim, dtype, compute, layout, h >= spec.heads)",)
 ]
 # Examined and NOT listed: `p.dropout_p > 0` -> `!= 0` in the tiers. Equivalent through sdpa (normalize() rejects
 # dropout_p outside [0, 1]), but ops.attention_forward/backward pass dropout_p on unvalidated, so a negative one
