@@ -101,7 +101,7 @@ BY_FILE = [
                                                    E + "test_other_thread_compiling.py"]),
     ("attention_core/kernel/tiers/backward.py", GRADS + [E + "test_tile_defaults.py"]),  # its peak memory
     ("attention_core/kernel/memory.py", [E + "test_sdpa_memory.py", E + "test_memory_estimates.py",
-                                         E + "test_coverage_kernel.py", KILLS]),
+                                         E + "test_coverage_kernel.py", E + "test_tile_defaults.py", KILLS]),
     ("attention_core/kernel/oom.py", [E + "test_sdpa_memory.py", KILLS]),
     ("attention_core/device/detection.py", [E + "test_detection.py", E + "test_coverage_cli_device.py", KILLS]),
     ("attention_core/patch.py", [E + "test_global_patch.py", E + "test_coverage_ffn_patch.py", KILLS,
