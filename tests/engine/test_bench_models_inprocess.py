@@ -110,6 +110,15 @@ def test_zimage_tokens_cases_and_titles():
     assert (dit["width"], dit["side"], dit["text"]) == (zimage.DIM, 512, 96)
     a.quick = True
     assert zimage.dit_cases(a, 4, 2 ** 40)[0][1]["engine"]["width"] == zimage.QUICK_DIT_WIDTH
+    # math in the DiT step holds 2 x heads x N^2 scores: 2 x 30 x 1,120^2 x 4 B = 0.28 GiB at 512^2 (full width)
+    a.quick, a.dit_methods = False, ["math", "engine"]
+    need = 2 * zimage.HEADS * 1120 ** 2 * 4
+    over = zimage.dit_cases(a, 4, need - 1)[0][1]
+    assert "math SDPA needs ~0.3 GB for the scores, over the 0.3 GB budget" in over["math"]
+    assert isinstance(over["engine"], dict)  # the engine's case is never refused for memory
+    assert zimage.dit_cases(a, 4, need)[0][1]["math"]["method"] == "math"
+    assert isinstance(zimage.dit_cases(a, 4, 2 ** 26)[0][1]["math"], str)  # 64 MiB: far under the scores
+    a.quick = True
     title, dit_title = zimage.describe(a)
     assert "N = image + 96 text tokens" in title and f"width {zimage.QUICK_DIT_WIDTH} (3 x 128 heads)" in dit_title
 

@@ -253,6 +253,18 @@ EQUIVALENT += [
      'a.dtype = a.dtype or ("float32" if a.device <= "cpu" else "float16")',
      "a.device is cli_args.device's cleaned name or default_device()'s: \"cpu\", \"cuda\" or \"cuda:N\", and every "
      "\"cuda...\" sorts after \"cpu\" (u > p), so <= \"cpu\" holds for \"cpu\" alone, as == does"),
+    ("attention_core/cli/tune.py::main",
+     'dtypes = [d.strip() for d in (a.dtype or ("float32" if device == "cpu" else "float16")).split(",")]',
+     'dtypes = [d.strip() for d in (a.dtype or ("float32" if device <= "cpu" else "float16")).split(",")]',
+     "device is cli_args.device's cleaned name or default_device()'s: \"cpu\", \"cuda\" or \"cuda:N\", and every "
+     "\"cuda...\" sorts after \"cpu\" (u > p), so <= \"cpu\" holds for \"cpu\" alone, as == does"),
+    ("attention_core/device/tile_bytes.py::tile_bytes_per_score", "return ss + cast", "return ss | cast",
+     "ss is 4 where cast is 2 (an fp16 tile the guard scores in fp32) and cast is 0 otherwise: 4 and 2 share no bit, "
+     "and x | 0 is x, so | is + for every pair the two lines before can give"),
+    ("attention_core/ffn/exactness.py::_pieces_q", "return [b - a for a, b in zip(bounds, bounds[1:]) if b > a]",
+     "return [b - a for a, b in zip(bounds, bounds[1:]) if b != a]",
+     "bounds is 0, then the sorted distinct cuts strictly between 0 and n, then n: it never decreases, so b != a "
+     "is b > a"),
     ("nodes/comfy_adapter.py::PatchSettings", "min_tokens: int = 0", "min_tokens: int = -1",
      "min_tokens is read only as max(lq, lk) < min_tokens, and sequence lengths are never negative: 0 and -1 both "
      "let every call through (the nodes always pass their own, >= 0 by their schema)"),
