@@ -140,6 +140,7 @@ def test_cpu_forward_tiles_of_large_heads_take_rows_in_balanced_head_groups():
     assert [memory.balanced_heads(h, 24, 2) for h in (1, 2, 3, 5, 7, 9, 13, 24, 30)] == \
         [1, 2, 2, 4, 6, 8, 12, 24, 24]
     assert [memory.balanced_heads(h, 40, 2) for h in (7, 14, 20)] == [6, 14, 20]
+    assert memory.balanced_heads(7, 14, 2) == 6 and memory.balanced_heads(7, 14, 4) == 4  # never an odd 5 + 5 + 4
     assert memory.balanced_heads(7, 24, 16) == 6 and memory.balanced_heads(5, 24, 1) == 5
     # the engine plans it with torch's thread count
     from attention_core.kernel.numerics import choose_numerics
