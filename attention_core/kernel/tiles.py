@@ -24,7 +24,7 @@ class TileSource:
     def __init__(self, p: AttentionProblem, num: Numerics, into: Optional["TileOutputs"] = None):
         self.p = p
         self.num = num
-        self.into = into  # the whole problem's outputs, for a head group's tier to write into (TileOutputs)
+        self._into = into  # the whole problem's outputs when p is one head group of it (outputs())
         cd = num.compute
         # contiguous once: ComfyUI hands heads as a transposed view of [B, N, H*D], and a batched matmul on such
         # a view (or on a head group of it) would copy K or V again for every tile
@@ -53,6 +53,11 @@ class TileSource:
         if p.dropout_p > 0:
             self.head_index = p.head_index()  # for the counter-based dropout hash
         self._scratch = {}
+
+
+    def outputs(self, need_stats: bool) -> "TileOutputs":
+        """Where a tier writes its results: new tensors, or this head group's heads of the whole problem's."""
+        return TileOutputs(self.p, self.num, need_stats, into=self._into)
 
     def scratch(self, slot: int, shape, dtype) -> torch.Tensor:
         """An uninitialised tensor of `shape` backed by buffer `slot`, reused from tile to tile (grown when a

@@ -106,7 +106,7 @@ def _expired(signum, frame):
     watchdog = _state.get("watchdog")
     if watchdog is None or not watchdog.take_fired():
         return
-    raise TestTimeLimitExceeded(f"the test ran past the per-test time limit of {_state['seconds']:g} s ({ENV}): "
+    raise TestTimeLimitExceeded(f"the test ran past the per-test time limit of {watchdog.seconds:g} s ({ENV}): "
                                 f"it hangs, or it needs a higher {ENV} on this machine (0 turns the limit off)")
 
 
@@ -119,8 +119,7 @@ def pytest_configure(config):
     if not usable or _state:
         return
     stream = os.fdopen(os.dup(sys.__stderr__.fileno()), "w", buffering=1)
-    _state.update(seconds=seconds, stream=stream, previous=signal.signal(signal.SIGUSR2, _expired),
-                  watchdog=_Watchdog(seconds, stream))
+    _state.update(stream=stream, previous=signal.signal(signal.SIGUSR2, _expired), watchdog=_Watchdog(seconds, stream))
 
 
 def pytest_unconfigure(config):

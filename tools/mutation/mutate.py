@@ -247,17 +247,19 @@ def _empty_guard_equivalents():
 
 
 EQUIVALENT += _empty_guard_equivalents()
+# a device name from cli_args.device (cleaned) or default_device(), compared with "cpu"
+_CLEANED_DEVICE = ("the device is cli_args.device's cleaned name or default_device()'s: \"cpu\", \"cuda\" or "
+                   "\"cuda:N\", and every \"cuda...\" sorts after \"cpu\" (u > p), so <= \"cpu\" holds for \"cpu\" "
+                   "alone, as == does")
 EQUIVALENT += [
     ("attention_core/cli/bench_models/__init__.py::main",
      'a.dtype = a.dtype or ("float32" if a.device == "cpu" else "float16")',
      'a.dtype = a.dtype or ("float32" if a.device <= "cpu" else "float16")',
-     "a.device is cli_args.device's cleaned name or default_device()'s: \"cpu\", \"cuda\" or \"cuda:N\", and every "
-     "\"cuda...\" sorts after \"cpu\" (u > p), so <= \"cpu\" holds for \"cpu\" alone, as == does"),
+     _CLEANED_DEVICE),
     ("attention_core/cli/tune.py::main",
      'dtypes = [d.strip() for d in (a.dtype or ("float32" if device == "cpu" else "float16")).split(",")]',
      'dtypes = [d.strip() for d in (a.dtype or ("float32" if device <= "cpu" else "float16")).split(",")]',
-     "device is cli_args.device's cleaned name or default_device()'s: \"cpu\", \"cuda\" or \"cuda:N\", and every "
-     "\"cuda...\" sorts after \"cpu\" (u > p), so <= \"cpu\" holds for \"cpu\" alone, as == does"),
+     _CLEANED_DEVICE),
     ("attention_core/device/tile_bytes.py::tile_bytes_per_score", "return ss + cast", "return ss | cast",
      "ss is 4 where cast is 2 (an fp16 tile the guard scores in fp32) and cast is 0 otherwise: 4 and 2 share no bit, "
      "and x | 0 is x, so | is + for every pair the two lines before can give"),
@@ -504,10 +506,12 @@ EQUIVALENT += [
       "[0, 0], with and without gradients, MHA and GQA, identical to the original)")
      for before in ("if mask.shape[1] > 1 and (mask.shape[2] > 1 or grad):",
                     "if mask.shape[2] > 1 or grad:  # rows without heads: every rank needs all rows")
-] + [("attention_core/cli/plan.py::estimate", before, before.replace("h >= spec.heads", "h == spec.heads"),
-      "h is the tile's head count from memory.tile_for over spec.heads kv heads, which is between 1 and "
-      "spec.heads: h >= spec.heads is h == spec.heads")
-     for before in ("copies = kv_copy_bytes(batch, h, n, spec.head_dim, dtype, compute, layout, h >= spec.heads)",)
+] + [
+    ("attention_core/cli/plan.py::estimate",
+     "copies = kv_copy_bytes(batch, h, n, spec.head_dim, dtype, compute, layout, h >= spec.heads)",
+     "copies = kv_copy_bytes(batch, h, n, spec.head_dim, dtype, compute, layout, h == spec.heads)",
+     "h is the tile's head count from memory.tile_for over spec.heads kv heads, which is between 1 and "
+     "spec.heads: h >= spec.heads is h == spec.heads"),
 ]
 # Examined and NOT listed: `p.dropout_p > 0` -> `!= 0` in the tiers. Equivalent through sdpa (normalize() rejects
 # dropout_p outside [0, 1]), but ops.attention_forward/backward pass dropout_p on unvalidated, so a negative one

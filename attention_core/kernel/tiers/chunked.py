@@ -31,7 +31,7 @@ def forward(src: TileSource, block_q: int, block_kv: int, need_stats: bool, layo
     p, num = src.p, src.num
     if layout == "keys" and keys_major_applies(p):
         return _forward_keys_major(src, block_q, need_stats)
-    res = TileOutputs(p, num, need_stats, into=src.into)
+    res = src.outputs(need_stats)
     for i0, i1, kend, qt in query_tiles(src, block_q):
         s = src.scores(qt, i0, i1, 0, kend, slot=0)
         ftz = num.ftz and s.dtype != torch.float16  # fp16 weights flush by themselves (see numerics)
@@ -61,7 +61,7 @@ def forward(src: TileSource, block_q: int, block_kv: int, need_stats: bool, layo
 def _forward_keys_major(src: TileSource, block_q: int, need_stats: bool) -> TileOutputs:
     """The chunked loop with keys-major scores S^T (B, Hkv, Lk, G*bq); only for keys_major_applies calls."""
     p, num = src.p, src.num
-    res = TileOutputs(p, num, need_stats, into=src.into)
+    res = src.outputs(need_stats)
     for i0, i1, kend, qt in query_tiles(src, block_q):
         k = (src.k if qt.dtype == src.k.dtype else src.k32)[:, :, :kend]
         rows = qt.shape[-2]  # G * (i1 - i0)

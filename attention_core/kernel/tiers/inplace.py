@@ -13,7 +13,7 @@ from ..tiles import TileOutputs, TileSource, query_tiles
 
 def forward(src: TileSource, block_q: int, block_kv: int, need_stats: bool) -> TileOutputs:
     p, num = src.p, src.num
-    res = TileOutputs(p, num, need_stats, into=src.into)
+    res = src.outputs(need_stats)
     for i0, i1, kend, qt in query_tiles(src, block_q):
         s = src.scores(qt, i0, i1, 0, kend, slot=0)  # one buffer reused by every tile (TileSource.scratch)
         m = s.amax(-1, keepdim=True)

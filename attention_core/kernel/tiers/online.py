@@ -18,7 +18,7 @@ from ..tiles import TileOutputs, TileSource, query_tiles
 
 def forward(src: TileSource, block_q: int, block_kv: int, need_stats: bool) -> TileOutputs:
     p, num = src.p, src.num
-    res = TileOutputs(p, num, need_stats, into=src.into)
+    res = src.outputs(need_stats)
     st = num.stats
     pv_dtype = torch.float32 if src.pv_needs_fp32(block_kv) else num.compute
     for i0, i1, kend, qt in query_tiles(src, block_q):
